@@ -1,0 +1,1 @@
+//! fti-provider

@@ -1,0 +1,1 @@
+//! future-version-provider

@@ -1,0 +1,1 @@
+//! fabric-sim

@@ -1,0 +1,1 @@
+//! cro-test-support
