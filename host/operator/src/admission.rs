@@ -1,0 +1,183 @@
+//! Admission rules for ComposabilityRequest (SPEC §6), on create and update.
+
+/// What the rules need to know of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestSummary {
+    pub name: String,
+    pub device_type: String,
+    pub model: String,
+    pub differentnode: bool,
+    pub target_node: Option<String>,
+    /// The node of the request's first resource (`status.resources`), if any.
+    pub first_resource_node: Option<String>,
+}
+
+impl RequestSummary {
+    /// The node a samenode request is pinned to: its target, else where its devices are.
+    /// None while it has neither, and then it collides with nobody.
+    fn samenode_node(&self) -> Option<&str> {
+        self.target_node
+            .as_deref()
+            .or(self.first_resource_node.as_deref())
+            .filter(|n| !n.is_empty())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("allocation_policy differentnode cannot be used with target_node {0}")]
+    DifferentNodeWithTarget(String),
+    #[error(
+        "ComposabilityRequest {other} already asks for {device_type} {model} with allocation_policy differentnode"
+    )]
+    DuplicateDifferentNode {
+        other: String,
+        device_type: String,
+        model: String,
+    },
+    #[error(
+        "ComposabilityRequest {other} already asks for {device_type} {model} on node {node} with allocation_policy samenode"
+    )]
+    DuplicateSameNode {
+        other: String,
+        device_type: String,
+        model: String,
+        node: String,
+    },
+}
+
+/// Checks `request` against every other request in the cluster (`others` may contain
+/// the request itself on update; it is skipped by name).
+pub fn validate(request: &RequestSummary, others: &[RequestSummary]) -> Result<(), Refusal> {
+    if request.differentnode
+        && let Some(target) = request.target_node.as_deref().filter(|t| !t.is_empty())
+    {
+        return Err(Refusal::DifferentNodeWithTarget(target.to_owned()));
+    }
+    for other in others.iter().filter(|o| o.name != request.name) {
+        if other.device_type != request.device_type || other.model != request.model {
+            continue;
+        }
+        if request.differentnode && other.differentnode {
+            return Err(Refusal::DuplicateDifferentNode {
+                other: other.name.clone(),
+                device_type: request.device_type.clone(),
+                model: request.model.clone(),
+            });
+        }
+        if !request.differentnode
+            && !other.differentnode
+            && let (Some(mine), Some(theirs)) = (request.samenode_node(), other.samenode_node())
+            && mine == theirs
+        {
+            return Err(Refusal::DuplicateSameNode {
+                other: other.name.clone(),
+                device_type: request.device_type.clone(),
+                model: request.model.clone(),
+                node: mine.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(
+        name: &str,
+        model: &str,
+        different: bool,
+        target: Option<&str>,
+        first: Option<&str>,
+    ) -> RequestSummary {
+        RequestSummary {
+            name: name.into(),
+            device_type: "gpu".into(),
+            model: model.into(),
+            differentnode: different,
+            target_node: target.map(Into::into),
+            first_resource_node: first.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn rules_table() {
+        let existing = vec![
+            req("d", "A100", true, None, None),
+            req("s-target", "A100", false, Some("n1"), None),
+            req("s-placed", "A100", false, None, Some("n2")),
+            req("s-fresh", "A100", false, None, None),
+        ];
+        struct Case {
+            what: &'static str,
+            request: RequestSummary,
+            refused: bool,
+        }
+        let cases = [
+            Case {
+                what: "differentnode with target",
+                request: req("x", "H100", true, Some("n1"), None),
+                refused: true,
+            },
+            Case {
+                what: "second differentnode same model",
+                request: req("x", "A100", true, None, None),
+                refused: true,
+            },
+            Case {
+                what: "differentnode other model",
+                request: req("x", "H100", true, None, None),
+                refused: false,
+            },
+            Case {
+                what: "samenode same target",
+                request: req("x", "A100", false, Some("n1"), None),
+                refused: true,
+            },
+            Case {
+                what: "samenode target = other's device node",
+                request: req("x", "A100", false, Some("n2"), None),
+                refused: true,
+            },
+            Case {
+                what: "samenode other node",
+                request: req("x", "A100", false, Some("n3"), None),
+                refused: false,
+            },
+            Case {
+                what: "samenode unplaced",
+                request: req("x", "A100", false, None, None),
+                refused: false,
+            },
+            Case {
+                what: "samenode same node other model",
+                request: req("x", "H100", false, Some("n1"), None),
+                refused: false,
+            },
+            Case {
+                what: "update of itself",
+                request: req("s-target", "A100", false, Some("n1"), None),
+                refused: false,
+            },
+            Case {
+                what: "update of differentnode itself",
+                request: req("d", "A100", true, None, None),
+                refused: false,
+            },
+        ];
+        for case in cases {
+            let got = validate(&case.request, &existing);
+            assert_eq!(got.is_err(), case.refused, "{}: {got:?}", case.what);
+        }
+    }
+
+    #[test]
+    fn refusal_names_the_conflicting_request() {
+        let existing = [req("first", "A100", false, Some("n1"), None)];
+        let err = validate(&req("second", "A100", false, Some("n1"), None), &existing).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("first") && text.contains("n1"), "{text}");
+    }
+}

@@ -1,0 +1,3 @@
+//! GPU work on a node (NODE_OPS.md).
+
+pub mod smi;

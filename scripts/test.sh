@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project: formatting, lints (native and wasm), the
+# provider components, and the whole test suite against a real kube-apiserver + etcd,
+# the real FTI component and the fabric simulator. Installs what it needs first.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/setup.sh
+source "$ROOT/scripts/setup.sh"
+
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step "control-plane binaries (kube-apiserver, etcd)"
+t0=$(date +%s)
+BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
+export CRO_KUBE_APISERVER="$BIN_DIR/kube-apiserver" CRO_ETCD="$BIN_DIR/etcd"
+echo "control plane ready in $(( $(date +%s) - t0 )) s: $BIN_DIR"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "provider components (wasm32-wasip2) and their lints"
+build_components -p fti-provider -p cro-testkit -p future-version-provider
+CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --release --locked --target wasm32-wasip2 \
+  -p fti-provider -p cro-testkit -- -D warnings
+
+step "cargo test (whole workspace)"
+cargo test --workspace --locked --no-fail-fast
+
+step "cargo clippy --all-targets"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo; echo "all checks passed"
