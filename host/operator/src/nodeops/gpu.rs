@@ -1,0 +1,285 @@
+//! Queries and the drain sequence for one GPU (NODE_OPS "Detach: draining one GPU").
+
+use std::sync::Arc;
+
+use super::driver::{Driver, DriverSetup};
+use super::smi::{self, BusId, ComputeApp, DrainState, Gpu};
+use super::{CommandRunner, ExecOutput, NodeOpsError};
+
+/// How the cluster is told about GPUs (SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExposureMode {
+    DevicePlugin,
+    Dra,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DrainOptions {
+    pub mode: ExposureMode,
+    pub force: bool,
+}
+
+const QUERY_GPUS: &[&str] = &[
+    "--query-gpu=device_minor,gpu_uuid,pci.bus_id",
+    "--format=csv,noheader,nounits",
+];
+const QUERY_APPS: &[&str] = &[
+    "--query-compute-apps=gpu_uuid,process_name",
+    "--format=csv,noheader,nounits",
+];
+const NO_DEVICES: &str = "No devices were found";
+/// Prints each GPU's proc information file, separated, for hosts whose nvidia-smi fails.
+const PROC_INFORMATION: &str = "for f in /proc/driver/nvidia/gpus/*/information; do [ -f \"$f\" ] && cat \"$f\" && echo '%%'; done; true";
+
+#[derive(Clone)]
+pub struct GpuOps {
+    runner: Arc<dyn CommandRunner>,
+}
+
+impl GpuOps {
+    pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
+        Self { runner }
+    }
+
+    async fn run(&self, driver: &Driver, cmd: Vec<String>) -> Result<ExecOutput, NodeOpsError> {
+        self.runner.run(&driver.pod, &cmd).await
+    }
+
+    async fn run_ok(&self, driver: &Driver, cmd: Vec<String>) -> Result<ExecOutput, NodeOpsError> {
+        let out = self.run(driver, cmd.clone()).await?;
+        if out.exit_code != 0 {
+            return Err(NodeOpsError::CommandFailed {
+                pod: driver.pod.to_string(),
+                command: cmd.join(" "),
+                code: out.exit_code,
+                stderr: first_words(if out.stderr.trim().is_empty() {
+                    &out.stdout
+                } else {
+                    &out.stderr
+                }),
+            });
+        }
+        Ok(out)
+    }
+
+    fn parse_err(driver: &Driver, source: smi::SmiError) -> NodeOpsError {
+        NodeOpsError::Parse {
+            node: driver.pod.node.clone(),
+            source,
+        }
+    }
+
+    /// The node's GPUs. `No devices were found` is an empty list, not an error; a host
+    /// driver whose nvidia-smi fails is read from its proc files instead.
+    pub async fn list_gpus(&self, driver: &Driver) -> Result<Vec<Gpu>, NodeOpsError> {
+        let out = self.run(driver, driver.smi(QUERY_GPUS)).await?;
+        if out.stdout.contains(NO_DEVICES) {
+            return Ok(Vec::new());
+        }
+        if out.exit_code == 0 {
+            return smi::parse_gpus(&out.stdout).map_err(|e| Self::parse_err(driver, e));
+        }
+        if driver.setup == DriverSetup::Host {
+            let proc = self
+                .run_ok(driver, driver.host_sh(PROC_INFORMATION))
+                .await?;
+            return proc
+                .stdout
+                .split("%%")
+                .filter(|block| !block.trim().is_empty())
+                .map(|block| {
+                    smi::parse_proc_information(block).map_err(|e| Self::parse_err(driver, e))
+                })
+                .collect();
+        }
+        Err(NodeOpsError::CommandFailed {
+            pod: driver.pod.to_string(),
+            command: driver.smi(QUERY_GPUS).join(" "),
+            code: out.exit_code,
+            stderr: first_words(&out.stderr),
+        })
+    }
+
+    pub async fn is_listed(&self, driver: &Driver, uuid: &str) -> Result<bool, NodeOpsError> {
+        Ok(self.list_gpus(driver).await?.iter().any(|g| g.uuid == uuid))
+    }
+
+    pub async fn compute_apps(&self, driver: &Driver) -> Result<Vec<ComputeApp>, NodeOpsError> {
+        let out = self.run(driver, driver.smi(QUERY_APPS)).await?;
+        if out.stdout.contains(NO_DEVICES) {
+            return Ok(Vec::new());
+        }
+        if out.exit_code != 0 {
+            return Err(NodeOpsError::CommandFailed {
+                pod: driver.pod.to_string(),
+                command: driver.smi(QUERY_APPS).join(" "),
+                code: out.exit_code,
+                stderr: first_words(&out.stderr),
+            });
+        }
+        smi::parse_compute_apps(&out.stdout).map_err(|e| Self::parse_err(driver, e))
+    }
+
+    /// Step 1: refuses while work runs (any GPU of the node in device-plugin mode, this
+    /// GPU in DRA mode).
+    pub async fn ensure_idle(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+        mode: ExposureMode,
+    ) -> Result<(), NodeOpsError> {
+        let busy: Vec<ComputeApp> = self
+            .compute_apps(driver)
+            .await?
+            .into_iter()
+            .filter(|a| mode == ExposureMode::DevicePlugin || a.gpu_uuid == uuid)
+            .collect();
+        if busy.is_empty() {
+            return Ok(());
+        }
+        Err(NodeOpsError::GpuBusy {
+            node: driver.pod.node.clone(),
+            gpu: uuid.to_owned(),
+            processes: busy
+                .iter()
+                .map(|a| format!("{} on {}", a.process_name, a.gpu_uuid))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// DRA after attach: one nvidia-smi run makes the driver initialise the new GPU.
+    pub async fn initialise(&self, driver: &Driver) -> Result<(), NodeOpsError> {
+        self.run(driver, driver.smi(&[])).await.map(|_| ())
+    }
+
+    /// Steps 1 and 3–6 of the drain: every step may be repeated after a crash, and a GPU
+    /// that is no longer listed counts as drained.
+    pub async fn drain(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+        opts: DrainOptions,
+    ) -> Result<(), NodeOpsError> {
+        if !opts.force {
+            self.ensure_idle(driver, uuid, opts.mode).await?;
+        }
+        let gpus = self.list_gpus(driver).await?;
+        let Some(gpu) = gpus.iter().find(|g| g.uuid == uuid) else {
+            tracing::info!(node = %driver.pod.node, gpu = uuid, "GPU no longer listed: already drained");
+            return Ok(());
+        };
+        let bus = drain_bus_arg(gpu.bus_id, opts.mode);
+
+        let state = self
+            .run_ok(driver, driver.smi(&["drain", "-p", &bus, "-q"]))
+            .await?;
+        let state =
+            smi::parse_drain_state(&state.stdout).map_err(|e| Self::parse_err(driver, e))?;
+        if state == DrainState::NotDraining {
+            self.run_ok(driver, driver.smi(&["-i", uuid, "-pm", "0"]))
+                .await?;
+            if driver.setup == DriverSetup::Container {
+                // The persistence daemon in the driver pod keeps the device open.
+                let stop = vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "pkill -x nvidia-persistenced || true".into(),
+                ];
+                self.run_ok(driver, stop).await?;
+            }
+        }
+
+        let holders = self
+            .run_ok(driver, driver.host_sh(&holders_script(gpu.minor)))
+            .await?;
+        let holders = holders.stdout.trim();
+        if !holders.is_empty() {
+            return Err(NodeOpsError::DeviceHeld {
+                node: driver.pod.node.clone(),
+                minor: gpu.minor,
+                processes: holders.lines().collect::<Vec<_>>().join(", "),
+            });
+        }
+
+        if opts.mode == ExposureMode::Dra {
+            self.run_ok(
+                driver,
+                driver.host_sh(&format!("rm -f /dev/nvidia{}", gpu.minor)),
+            )
+            .await?;
+        }
+        self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-m", "1"]))
+            .await?;
+
+        let on_vm = self
+            .run(driver, driver.host_sh("grep -q hypervisor /proc/cpuinfo"))
+            .await?
+            .exit_code
+            == 0;
+        let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
+        if on_vm || last_on_host {
+            let mut script = String::new();
+            if last_on_host {
+                script.push_str("modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia; ");
+            }
+            let sysfs = gpu.bus_id.sysfs();
+            script.push_str(&format!(
+                "if [ -e /sys/bus/pci/devices/{sysfs} ]; then echo 1 > /sys/bus/pci/devices/{sysfs}/remove; fi"
+            ));
+            self.run_ok(driver, driver.host_sh(&script)).await?;
+        } else {
+            self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-r"]))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `nvidia-smi drain -p` takes the upper-case bus id; the device-plugin path strips the
+/// leading `0000` of nvidia-smi's eight-digit domain.
+fn drain_bus_arg(bus: BusId, mode: ExposureMode) -> String {
+    match mode {
+        ExposureMode::Dra => bus.smi(),
+        ExposureMode::DevicePlugin => bus.short_upper(),
+    }
+}
+
+/// Lists `<pid> <command>` of every process holding `/dev/nvidia<minor>` open.
+fn holders_script(minor: u32) -> String {
+    format!(
+        "for p in /proc/[0-9]*; do for f in \"$p\"/fd/*; do if [ \"$(readlink \"$f\" 2>/dev/null)\" = /dev/nvidia{minor} ]; then echo \"${{p#/proc/}} $(cat \"$p\"/comm 2>/dev/null)\"; break; fi; done; done; true"
+    )
+}
+
+fn first_words(text: &str) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &t[..i]),
+        None => t.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_arg_per_mode() {
+        let b = BusId::parse("00000000:3B:00.0").unwrap();
+        assert_eq!(drain_bus_arg(b, ExposureMode::Dra), "00000000:3B:00.0");
+        assert_eq!(drain_bus_arg(b, ExposureMode::DevicePlugin), "0000:3B:00.0");
+    }
+
+    #[test]
+    fn holders_script_names_the_device() {
+        assert!(holders_script(3).contains("= /dev/nvidia3 ]"));
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_char_boundary() {
+        let long = "é".repeat(400);
+        let cut = first_words(&long);
+        assert_eq!(cut.chars().count(), 301);
+    }
+}

@@ -1,0 +1,171 @@
+//! Making the cluster notice a GPU that came or went: restarting the device plugin and
+//! DCGM daemonsets, or the DRA kubelet plugin pod of one node.
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+
+use super::NodeOpsError;
+
+pub const DEFAULT_GPU_OPERATOR_NAMESPACE: &str = "gpu-operator";
+pub const DEVICE_PLUGIN_DAEMONSETS: [&str; 2] = ["nvidia-device-plugin-daemonset", "nvidia-dcgm"];
+pub const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
+pub const DRA_PLUGIN_LABEL: &str = "app.kubernetes.io/name=dra-driver-nvidia-gpu";
+pub const DRA_PLUGIN_POD_PREFIX: &str = "dra-driver-nvidia-gpu-kubelet-plugin";
+/// A daemonset restarted more recently than this is left alone: a restart is in flight.
+const MIN_RESTART_INTERVAL_SECS: i64 = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartDecision {
+    Restart,
+    Skip(&'static str),
+}
+
+/// Whether a daemonset may be restarted now (NODE_OPS: skipped with 0 desired pods,
+/// when not fully ready, or restarted less than 10 s ago).
+pub fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
+    let Some(status) = &ds.status else {
+        return RestartDecision::Skip("no status yet");
+    };
+    if status.desired_number_scheduled == 0 {
+        return RestartDecision::Skip("no desired pods");
+    }
+    if status.number_ready < status.desired_number_scheduled
+        || status.updated_number_scheduled.unwrap_or(0) < status.desired_number_scheduled
+    {
+        return RestartDecision::Skip("not fully ready");
+    }
+    let last = ds
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(RESTARTED_AT))
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+    if let Some(last) = last
+        && now
+            .signed_duration_since(last.with_timezone(&Utc))
+            .num_seconds()
+            < MIN_RESTART_INTERVAL_SECS
+    {
+        return RestartDecision::Skip("restarted less than 10 s ago");
+    }
+    RestartDecision::Restart
+}
+
+/// Restarts the device plugin and DCGM daemonsets where allowed; a missing one is
+/// skipped (DCGM is optional).
+pub async fn restart_device_plugins(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Vec<String>, NodeOpsError> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let mut restarted = Vec::new();
+    for name in DEVICE_PLUGIN_DAEMONSETS {
+        let Some(ds) = api.get_opt(name).await? else {
+            tracing::debug!(namespace, name, "daemonset not found; not restarted");
+            continue;
+        };
+        let now = Utc::now();
+        match restart_decision(&ds, now) {
+            RestartDecision::Skip(why) => tracing::debug!(namespace, name, why, "restart skipped"),
+            RestartDecision::Restart => {
+                let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {
+                    RESTARTED_AT: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                }}}}});
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                restarted.push(name.to_owned());
+            }
+        }
+    }
+    Ok(restarted)
+}
+
+/// Deletes the DRA kubelet plugin pod on `node` so that it rescans the node's GPUs.
+pub async fn restart_dra_plugin(client: &kube::Client, node: &str) -> Result<usize, NodeOpsError> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let params = ListParams::default()
+        .labels(DRA_PLUGIN_LABEL)
+        .fields(&format!("spec.nodeName={node}"));
+    let mut deleted = 0;
+    for pod in pods.list(&params).await?.items {
+        let (Some(name), Some(ns)) = (pod.metadata.name, pod.metadata.namespace) else {
+            continue;
+        };
+        if !name.starts_with(DRA_PLUGIN_POD_PREFIX) {
+            continue;
+        }
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus};
+    use k8s_openapi::api::core::v1::PodTemplateSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn ds(desired: i32, ready: i32, restarted: Option<&str>) -> DaemonSet {
+        DaemonSet {
+            spec: DaemonSetSpec {
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        annotations: restarted
+                            .map(|t| [(RESTARTED_AT.to_string(), t.to_string())].into()),
+                        ..Default::default()
+                    }),
+                    spec: None,
+                },
+                ..Default::default()
+            },
+            status: Some(DaemonSetStatus {
+                desired_number_scheduled: desired,
+                number_ready: ready,
+                updated_number_scheduled: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn restart_rules() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:30Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(
+            restart_decision(&ds(0, 0, None), now),
+            RestartDecision::Skip("no desired pods")
+        );
+        assert_eq!(
+            restart_decision(&ds(3, 2, None), now),
+            RestartDecision::Skip("not fully ready")
+        );
+        assert_eq!(
+            restart_decision(&ds(3, 3, Some("2026-01-01T00:00:25Z")), now),
+            RestartDecision::Skip("restarted less than 10 s ago")
+        );
+        assert_eq!(
+            restart_decision(&ds(3, 3, Some("2026-01-01T00:00:10Z")), now),
+            RestartDecision::Restart
+        );
+        assert_eq!(
+            restart_decision(&ds(3, 3, Some("garbage")), now),
+            RestartDecision::Restart
+        );
+        assert_eq!(
+            restart_decision(&ds(3, 3, None), now),
+            RestartDecision::Restart
+        );
+    }
+}
