@@ -1,0 +1,140 @@
+//! `cro provider inspect` on real files.
+
+use std::process::{Command, Output};
+
+fn cro(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cro"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn inspect(file: &std::path::Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["provider".as_ref(), "inspect".as_ref()];
+    args.push(file.as_os_str());
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let out = cro(&args);
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn inspects_a_real_provider() {
+    let testkit = cro_test_support::component("cro-testkit");
+    let (ok, stdout, stderr) = inspect(&testkit, &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("world:     cro:provider/provider-world@0.1.0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("contract:  cro:provider@0.1.0 (supported)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "cro:provider/provider@0.1.0: add-resource, remove-resource, check-resource, get-resources"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("cro:provider/http@0.1.0: send"), "{stdout}");
+    assert!(
+        stdout.contains("cro:provider/secrets@0.1.0: get"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n  wasi:cli/environment@0.2.6\n"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("not provided"), "{stdout}");
+    let (_, verbose, _) = inspect(&testkit, &["--verbose"]);
+    assert!(
+        verbose.contains("wasi:cli/environment@0.2.6: get-environment, get-arguments"),
+        "{verbose}"
+    );
+
+    let (ok, json, _) = inspect(&testkit, &["--json"]);
+    assert!(ok);
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["contract_version"], "0.1.0");
+    assert_eq!(value["exports"][0]["name"], "cro:provider/provider@0.1.0");
+}
+
+#[test]
+fn refuses_what_this_host_cannot_load() {
+    let future = cro_test_support::component("future-version-provider");
+    let (ok, stdout, stderr) = inspect(&future, &[]);
+    assert!(!ok);
+    assert!(
+        stdout.contains("cro:provider@0.2.0 (NOT supported"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("it targets cro:provider@0.2.0; this host supports 0.1.0"),
+        "{stderr}"
+    );
+
+    let other = cro_test_support::example_component("future-version-provider", "other_world");
+    let (ok, stdout, stderr) = inspect(&other, &[]);
+    assert!(!ok);
+    assert!(stdout.contains("world:     unknown"), "{stdout}");
+    assert!(stderr.contains("a component of another world"), "{stderr}");
+
+    let extra = cro_test_support::example_component("future-version-provider", "extra_import");
+    let (ok, stdout, stderr) = inspect(&extra, &[]);
+    assert!(!ok);
+    assert!(
+        stdout.contains("acme:extra/backdoor@1.0.0  [not provided by this host]"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("acme:extra/backdoor@1.0.0"), "{stderr}");
+}
+
+#[test]
+fn clear_errors_for_a_core_module_and_a_random_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("module.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
+    let (ok, stdout, stderr) = inspect(&module, &[]);
+    assert!(!ok);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("module.wasm: this is a core WebAssembly module, not a component"),
+        "{stderr}"
+    );
+
+    let random = dir.path().join("notes.txt");
+    std::fs::write(&random, "just some text").unwrap();
+    let (ok, _, stderr) = inspect(&random, &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("notes.txt: not a WebAssembly file"),
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = inspect(&dir.path().join("missing.wasm"), &[]);
+    assert!(!ok);
+    assert!(stderr.contains("cannot read"), "{stderr}");
+}
+
+#[test]
+fn help_reads_well() {
+    let out = cro(&["--help".as_ref()]);
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("sandboxed"), "{help}");
+    assert!(help.contains("provider"), "{help}");
+    let out = cro(&["provider".as_ref(), "inspect".as_ref(), "--help".as_ref()]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        help.contains("world, contract version, imports and exports"),
+        "{help}"
+    );
+    assert!(help.contains("--json"), "{help}");
+    // No subcommand: usage on stderr, non-zero exit.
+    let out = cro(&[]);
+    assert!(!out.status.success());
+}

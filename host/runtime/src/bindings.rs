@@ -1,0 +1,106 @@
+//! Bindings for `cro:provider@0.1.0`, world `provider-world`, and the conversions to the
+//! host's own types.
+
+wasmtime::component::bindgen!({
+    path: "../../wit/since_v0.1.0",
+    world: "provider-world",
+    imports: {
+        // Host I/O: async, and trappable so the call's deadline can end the call from
+        // inside a host import.
+        "cro:provider/http.send": async | trappable,
+        "cro:provider/secrets.get": async | trappable,
+        "cro:provider/lookup": async | trappable,
+    },
+    exports: { default: async },
+});
+
+use crate::domain;
+use cro::provider::types as wit;
+
+impl From<&domain::ComposableResource> for wit::ComposableResource {
+    fn from(r: &domain::ComposableResource) -> wit::ComposableResource {
+        wit::ComposableResource {
+            name: r.name.clone(),
+            device_type: r.device_type.into(),
+            model: r.model.clone(),
+            target_node: r.target_node.clone(),
+            device_id: r.device_id.clone(),
+            fabric_device_id: r.fabric_device_id.clone(),
+            force_detach: r.force_detach,
+        }
+    }
+}
+
+impl From<domain::DeviceType> for wit::DeviceType {
+    fn from(t: domain::DeviceType) -> wit::DeviceType {
+        match t {
+            domain::DeviceType::Gpu => wit::DeviceType::Gpu,
+            domain::DeviceType::CxlMemory => wit::DeviceType::Cxlmemory,
+        }
+    }
+}
+
+impl From<wit::DeviceType> for domain::DeviceType {
+    fn from(t: wit::DeviceType) -> domain::DeviceType {
+        match t {
+            wit::DeviceType::Gpu => domain::DeviceType::Gpu,
+            wit::DeviceType::Cxlmemory => domain::DeviceType::CxlMemory,
+        }
+    }
+}
+
+impl From<wit::AddOutcome> for domain::AddOutcome {
+    fn from(o: wit::AddOutcome) -> domain::AddOutcome {
+        match o {
+            wit::AddOutcome::Attached(d) => domain::AddOutcome::Attached(domain::AttachedDevice {
+                device_id: d.device_id,
+                fabric_device_id: d.fabric_device_id,
+            }),
+            wit::AddOutcome::InProgress(s) => domain::AddOutcome::InProgress(s),
+        }
+    }
+}
+
+impl From<wit::RemoveOutcome> for domain::RemoveOutcome {
+    fn from(o: wit::RemoveOutcome) -> domain::RemoveOutcome {
+        match o {
+            wit::RemoveOutcome::Removed => domain::RemoveOutcome::Removed,
+            wit::RemoveOutcome::InProgress(s) => domain::RemoveOutcome::InProgress(s),
+        }
+    }
+}
+
+impl From<wit::DeviceInfo> for domain::DeviceInfo {
+    fn from(d: wit::DeviceInfo) -> domain::DeviceInfo {
+        domain::DeviceInfo {
+            node: d.node,
+            machine_id: d.machine_id,
+            device_type: d.device_type.into(),
+            model: d.model,
+            device_id: d.device_id,
+            fabric_device_id: d.fabric_device_id,
+        }
+    }
+}
+
+impl From<wit::ProviderError> for domain::ProviderError {
+    fn from(e: wit::ProviderError) -> domain::ProviderError {
+        use domain::ProviderError as P;
+        match e {
+            wit::ProviderError::Fabric(f) => P::Fabric(domain::FabricError {
+                status: f.status,
+                code: f.code,
+                message: f.message,
+            }),
+            wit::ProviderError::MalformedReply(m) => P::MalformedReply(m),
+            wit::ProviderError::NotFound(m) => P::NotFound(m),
+            wit::ProviderError::Warning(m) => P::Warning(m),
+            wit::ProviderError::Critical(m) => P::Critical(m),
+            wit::ProviderError::Denied(m) => P::Denied(m),
+            wit::ProviderError::Config(m) => P::Config(m),
+            wit::ProviderError::Unavailable(m) => P::Unavailable(m),
+            wit::ProviderError::NoCapacity(m) => P::NoCapacity(m),
+            wit::ProviderError::Other(m) => P::Other(m),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The single choke point: every host import asks the provider's [`Gate`] first.
+//!
+//! A denial is returned to the guest as the interface's typed `denied` error naming the
+//! missing grant, logged (`warn`) with the provider's name, and counted; it never traps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use url::Url;
+
+use crate::grants::{Grants, HttpTarget};
+
+/// What a host import is about to do on the guest's behalf.
+#[derive(Debug, Clone, Copy)]
+pub enum Capability<'a> {
+    /// An HTTP request (or a redirect) to `url`.
+    Http(&'a Url),
+    /// Reading one key of the granted Secret.
+    SecretKey(&'a str),
+    /// Reading objects of a kind (`v1 Node` for `get-node`/`list-nodes`).
+    Lookup { api_version: &'a str, kind: &'a str },
+    /// The provider's own configuration: always allowed.
+    Config,
+    /// Logging: always allowed.
+    Log,
+    /// The provider's own state map: always allowed (bounded by `limits.state_bytes`).
+    State,
+}
+
+/// A refused capability; the message names the missing grant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Denial(pub String);
+
+/// Denials so far, by capability.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DenialCounts {
+    pub http: u64,
+    pub secret: u64,
+    pub lookup: u64,
+}
+
+impl DenialCounts {
+    pub fn total(&self) -> u64 {
+        self.http + self.secret + self.lookup
+    }
+}
+
+/// Decides every capability of one provider against its grants.
+#[derive(Debug)]
+pub struct Gate {
+    provider: String,
+    grants: Arc<Grants>,
+    http: AtomicU64,
+    secret: AtomicU64,
+    lookup: AtomicU64,
+}
+
+impl Gate {
+    pub fn new(provider: impl Into<String>, grants: Arc<Grants>) -> Gate {
+        Gate {
+            provider: provider.into(),
+            grants,
+            http: AtomicU64::new(0),
+            secret: AtomicU64::new(0),
+            lookup: AtomicU64::new(0),
+        }
+    }
+
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// Allows or denies `capability`; a denial is logged and counted here.
+    pub fn check(&self, capability: Capability<'_>) -> Result<(), Denial> {
+        let (counter, message) = match capability {
+            Capability::Http(url) => {
+                if self.grants.http_grant_for(url).is_some() {
+                    return Ok(());
+                }
+                (
+                    &self.http,
+                    format!("no http grant for {}", HttpTarget::describe(url)),
+                )
+            }
+            Capability::SecretKey(key) => match &self.grants.secret {
+                Some(secret) if secret.allows(key) => return Ok(()),
+                Some(secret) => (
+                    &self.secret,
+                    format!(
+                        "no secret grant for key `{key}` of {}/{}",
+                        secret.namespace, secret.name
+                    ),
+                ),
+                None => (
+                    &self.secret,
+                    format!("no secret grant (the provider asked for key `{key}`)"),
+                ),
+            },
+            Capability::Lookup { api_version, kind } => {
+                if self.grants.allows_lookup(api_version, kind) {
+                    return Ok(());
+                }
+                (
+                    &self.lookup,
+                    format!("no lookup grant for {api_version} {kind}"),
+                )
+            }
+            Capability::Config | Capability::Log | Capability::State => return Ok(()),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(provider = %self.provider, denied = %message, "provider capability denied");
+        Err(Denial(message))
+    }
+
+    pub fn denials(&self) -> DenialCounts {
+        DenialCounts {
+            http: self.http.load(Ordering::Relaxed),
+            secret: self.secret.load(Ordering::Relaxed),
+            lookup: self.lookup.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grants::{HttpGrant, LookupGrant, SecretGrant};
+
+    fn gate() -> Gate {
+        let grants = Grants {
+            http: vec![HttpGrant::new(
+                "https://fabric.example:8443".parse().unwrap(),
+            )],
+            secret: Some(SecretGrant {
+                namespace: "ns".into(),
+                name: "creds".into(),
+                keys: vec!["username".into()],
+            }),
+            lookup: vec![LookupGrant::new("v1", "Node")],
+            wasi: Default::default(),
+        };
+        Gate::new("p", Arc::new(grants))
+    }
+
+    #[test]
+    fn allows_what_is_granted_and_counts_the_rest() {
+        let gate = gate();
+        let good = Url::parse("https://fabric.example:8443/x").unwrap();
+        let evil = Url::parse("https://evil.example/x").unwrap();
+        assert_eq!(gate.check(Capability::Http(&good)), Ok(()));
+        assert_eq!(
+            gate.check(Capability::Http(&evil)),
+            Err(Denial("no http grant for https://evil.example:443".into()))
+        );
+        assert_eq!(gate.check(Capability::SecretKey("username")), Ok(()));
+        assert_eq!(
+            gate.check(Capability::SecretKey("password")),
+            Err(Denial(
+                "no secret grant for key `password` of ns/creds".into()
+            ))
+        );
+        let node = Capability::Lookup {
+            api_version: "v1",
+            kind: "Node",
+        };
+        assert_eq!(gate.check(node), Ok(()));
+        let pod = Capability::Lookup {
+            api_version: "v1",
+            kind: "Pod",
+        };
+        assert_eq!(
+            gate.check(pod),
+            Err(Denial("no lookup grant for v1 Pod".into()))
+        );
+        for always in [Capability::Config, Capability::Log, Capability::State] {
+            assert_eq!(gate.check(always), Ok(()));
+        }
+        assert_eq!(
+            gate.denials(),
+            DenialCounts {
+                http: 1,
+                secret: 1,
+                lookup: 1
+            }
+        );
+        assert_eq!(gate.denials().total(), 3);
+    }
+
+    #[test]
+    fn no_grants_deny_everything() {
+        let gate = Gate::new("p", Arc::new(Grants::default()));
+        let url = Url::parse("http://127.0.0.1/").unwrap();
+        assert!(gate.check(Capability::Http(&url)).is_err());
+        let denial = gate.check(Capability::SecretKey("k")).unwrap_err();
+        assert_eq!(denial.0, "no secret grant (the provider asked for key `k`)");
+        assert!(
+            gate.check(Capability::Lookup {
+                api_version: "v1",
+                kind: "Node"
+            })
+            .is_err()
+        );
+        assert_eq!(gate.denials().total(), 3);
+    }
+}

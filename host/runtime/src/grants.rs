@@ -1,0 +1,1018 @@
+//! What an administrator grants a provider: typed, deny-by-default, validated when parsed.
+//!
+//! A provider spec (YAML or JSON):
+//!
+//! ```yaml
+//! name: fti
+//! component: ./fti_provider.wasm        # relative to the spec file
+//! config: {api_type: FM, endpoint: "https://127.0.0.1:8443/"}
+//! grants:
+//!   http:
+//!     - url: "https://127.0.0.1:8443"   # scheme://host[:port]; `*.` host prefix allowed
+//!       ca_pem: "-----BEGIN CERTIFICATE-----..."   # optional extra trust root
+//!   secret: {namespace: cro-system, name: credentials, keys: [username, password]}
+//!   lookup: [{api_version: v1, kind: Node}, {api_version: metal3.io/v1alpha1, kind: BareMetalHost}]
+//!   wasi: {clocks: true}
+//! limits: {call_timeout_ms: 30000, memory_bytes: 67108864, max_concurrent_calls: 16,
+//!          max_response_bytes: 4194304, state_bytes: 65536}
+//! ```
+//!
+//! Everything not written is denied: no `http` entry means no egress, no `secret` means no
+//! Secret, no `lookup` means no cluster reads (not even Nodes), `wasi.clocks: false` means
+//! the guest's wall clock is frozen at the Unix epoch. Files, environment, arguments and
+//! sockets cannot be granted at all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+/// Why a provider spec was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    #[error("cannot read provider spec {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The text does not parse, has an unknown field, or a field has a bad value
+    /// (the message names the field and the line).
+    #[error("invalid provider spec: {0}")]
+    Syntax(String),
+    /// The spec parsed but a value is not acceptable.
+    #[error("invalid provider spec: {field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> GrantError {
+    GrantError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// One provider as the administrator configured it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSpec {
+    /// Names the provider in logs, metrics and denial messages.
+    pub name: String,
+    /// The component file. Relative paths are resolved against the spec file's folder.
+    pub component: PathBuf,
+    /// The values the `config` interface serves. Numbers and booleans are kept as text.
+    #[serde(default, deserialize_with = "scalar_map")]
+    pub config: BTreeMap<String, String>,
+    #[serde(default)]
+    pub grants: Grants,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+impl ProviderSpec {
+    /// A spec with no grants and default limits.
+    pub fn new(name: impl Into<String>, component: impl Into<PathBuf>) -> ProviderSpec {
+        ProviderSpec {
+            name: name.into(),
+            component: component.into(),
+            config: BTreeMap::new(),
+            grants: Grants::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Parses and validates YAML; a relative `component` is resolved against `base_dir`.
+    pub fn from_yaml(text: &str, base_dir: &Path) -> Result<ProviderSpec, GrantError> {
+        let spec: ProviderSpec =
+            serde_yaml::from_str(text).map_err(|e| GrantError::Syntax(e.to_string()))?;
+        spec.finish(base_dir)
+    }
+
+    /// Parses and validates JSON; a relative `component` is resolved against `base_dir`.
+    pub fn from_json(text: &str, base_dir: &Path) -> Result<ProviderSpec, GrantError> {
+        let spec: ProviderSpec =
+            serde_json::from_str(text).map_err(|e| GrantError::Syntax(e.to_string()))?;
+        spec.finish(base_dir)
+    }
+
+    /// Reads a spec file: JSON when the name ends in `.json`, YAML otherwise.
+    pub fn from_file(path: &Path) -> Result<ProviderSpec, GrantError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GrantError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        {
+            ProviderSpec::from_json(&text, base)
+        } else {
+            ProviderSpec::from_yaml(&text, base)
+        }
+    }
+
+    fn finish(mut self, base_dir: &Path) -> Result<ProviderSpec, GrantError> {
+        if self.component.is_relative() {
+            self.component = base_dir.join(&self.component);
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks everything the types alone do not; the parsers and `Runtime::load` call it.
+    pub fn validate(&self) -> Result<(), GrantError> {
+        if !is_dns_label(&self.name) {
+            return Err(invalid(
+                "name",
+                format!(
+                    "`{}` must be 1-63 lowercase letters, digits or '-', starting and ending \
+                     with a letter or digit",
+                    self.name
+                ),
+            ));
+        }
+        if self.component.as_os_str().is_empty() {
+            return Err(invalid("component", "must name the component file"));
+        }
+        if let Some(key) = self.config.keys().find(|k| k.is_empty()) {
+            return Err(invalid("config", format!("empty key `{key}`")));
+        }
+        self.grants.validate()?;
+        self.limits.validate()
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn scalar_map<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let raw: BTreeMap<String, Option<Scalar>> = BTreeMap::deserialize(d).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "config must map names to strings, numbers or booleans ({e})"
+        ))
+    })?;
+    raw.into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Some(Scalar::Text(s)) => s,
+                Some(Scalar::Int(i)) => i.to_string(),
+                Some(Scalar::Float(f)) => f.to_string(),
+                Some(Scalar::Bool(b)) => b.to_string(),
+                None => {
+                    return Err(serde::de::Error::custom(format!(
+                        "config `{k}` has no value"
+                    )));
+                }
+            };
+            Ok((k, text))
+        })
+        .collect()
+}
+
+/// The capabilities granted to one provider. The default grants nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grants {
+    /// Endpoints the `http` interface may reach.
+    #[serde(default)]
+    pub http: Vec<HttpGrant>,
+    /// The one Secret (and its keys) the `secrets` interface may read.
+    #[serde(default)]
+    pub secret: Option<SecretGrant>,
+    /// Kinds the `lookup` interface may read (`v1 Node` for `get-node`/`list-nodes`).
+    #[serde(default)]
+    pub lookup: Vec<LookupGrant>,
+    #[serde(default)]
+    pub wasi: WasiGrant,
+}
+
+impl Grants {
+    /// The HTTP grant covering `url`, if any.
+    pub fn http_grant_for(&self, url: &Url) -> Option<&HttpGrant> {
+        self.http.iter().find(|g| g.allows(url))
+    }
+
+    /// Whether `get-object` (and, for `v1 Node`, `get-node`/`list-nodes`) may read the kind.
+    pub fn allows_lookup(&self, api_version: &str, kind: &str) -> bool {
+        self.lookup.iter().any(|g| g.allows(api_version, kind))
+    }
+
+    fn validate(&self) -> Result<(), GrantError> {
+        let mut seen = BTreeSet::new();
+        for (i, grant) in self.http.iter().enumerate() {
+            if !seen.insert(grant.url.to_string()) {
+                return Err(invalid(
+                    format!("grants.http[{i}].url"),
+                    format!("`{}` is granted twice", grant.url),
+                ));
+            }
+            if grant.ca_pem.is_some() && grant.url.scheme() != Scheme::Https {
+                return Err(invalid(
+                    format!("grants.http[{i}].ca_pem"),
+                    format!(
+                        "a CA only makes sense for https, but the grant is `{}`",
+                        grant.url
+                    ),
+                ));
+            }
+        }
+        if let Some(secret) = &self.secret {
+            secret.validate()?;
+        }
+        let mut kinds = BTreeSet::new();
+        for (i, grant) in self.lookup.iter().enumerate() {
+            grant.validate(i)?;
+            if !kinds.insert((grant.api_version.as_str(), grant.kind.as_str())) {
+                return Err(invalid(
+                    format!("grants.lookup[{i}]"),
+                    format!("{} {} is granted twice", grant.api_version, grant.kind),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `http` or `https`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// The host part of an HTTP grant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HostPattern {
+    /// One host name or IP address (as the URL parser normalises it).
+    Exact(String),
+    /// `*.example.com`: any name ending in `.example.com` (one or more labels in front),
+    /// never `example.com` itself.
+    Subdomains(String),
+}
+
+impl HostPattern {
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Subdomains(suffix) => host
+                .strip_suffix(suffix.as_str())
+                .and_then(|front| front.strip_suffix('.'))
+                .is_some_and(|front| !front.is_empty()),
+        }
+    }
+}
+
+/// `scheme://host:port`, the unit HTTP grants are written in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HttpTarget {
+    scheme: Scheme,
+    host: HostPattern,
+    port: u16,
+}
+
+impl HttpTarget {
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    pub fn host(&self) -> &HostPattern {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether a request to `url` falls under this target (scheme, host and port).
+    pub fn allows(&self, url: &Url) -> bool {
+        let Some(host) = url.host_str() else {
+            return false;
+        };
+        url.scheme() == self.scheme.as_str()
+            && url.port_or_known_default() == Some(self.port)
+            && self.host.matches(host)
+    }
+
+    /// `scheme://host:port` of a URL, the way denial messages name what was missing.
+    pub fn describe(url: &Url) -> String {
+        match (url.host_str(), url.port_or_known_default()) {
+            (Some(host), Some(port)) => format!("{}://{host}:{port}", url.scheme()),
+            _ => url.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for HttpTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = match &self.host {
+            HostPattern::Exact(h) => h.clone(),
+            HostPattern::Subdomains(s) => format!("*.{s}"),
+        };
+        write!(f, "{}://{host}:{}", self.scheme.as_str(), self.port)
+    }
+}
+
+impl From<HttpTarget> for String {
+    fn from(t: HttpTarget) -> String {
+        t.to_string()
+    }
+}
+
+impl TryFrom<String> for HttpTarget {
+    type Error = String;
+    fn try_from(s: String) -> Result<HttpTarget, String> {
+        s.parse()
+    }
+}
+
+impl FromStr for HttpTarget {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<HttpTarget, String> {
+        let shape = || format!("`{text}` must look like scheme://host[:port] (http or https)");
+        let (scheme_text, rest) = text.split_once("://").ok_or_else(shape)?;
+        let scheme = match scheme_text.to_ascii_lowercase().as_str() {
+            "http" => Scheme::Http,
+            "https" => Scheme::Https,
+            other => return Err(format!("`{text}`: scheme `{other}` is not http or https")),
+        };
+        let (wildcard, rest) = match rest.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, rest),
+        };
+        if rest.contains('*') {
+            return Err(format!(
+                "`{text}`: a wildcard is only allowed as the whole first label (`*.example.com`)"
+            ));
+        }
+        let url = Url::parse(&format!("{}://{rest}", scheme.as_str()))
+            .map_err(|e| format!("`{text}`: {e}"))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!("`{text}`: credentials do not belong in a grant"));
+        }
+        if url.path() != "/" && !url.path().is_empty() {
+            return Err(format!(
+                "`{text}`: a grant covers a whole host:port, remove the path `{}`",
+                url.path()
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("`{text}`: remove the query or fragment"));
+        }
+        let host = match url.host() {
+            Some(url::Host::Domain(d)) => d.to_string(),
+            Some(url::Host::Ipv4(ip)) if !wildcard => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) if !wildcard => format!("[{ip}]"),
+            Some(_) => return Err(format!("`{text}`: a wildcard needs a domain name")),
+            None => return Err(shape()),
+        };
+        if wildcard && !host.contains('.') {
+            return Err(format!(
+                "`{text}`: `*.` needs at least two labels after it (e.g. `*.example.com`)"
+            ));
+        }
+        Ok(HttpTarget {
+            scheme,
+            host: if wildcard {
+                HostPattern::Subdomains(host)
+            } else {
+                HostPattern::Exact(host)
+            },
+            port: url.port().unwrap_or(scheme.default_port()),
+        })
+    }
+}
+
+/// One HTTP endpoint a provider may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpGrant {
+    pub url: HttpTarget,
+    /// An extra root the provider's HTTPS client trusts (for a fabric manager with a
+    /// private CA). The provider has one client, so it trusts every granted CA for every
+    /// granted https endpoint.
+    #[serde(default)]
+    pub ca_pem: Option<CaPem>,
+}
+
+impl HttpGrant {
+    pub fn new(url: HttpTarget) -> HttpGrant {
+        HttpGrant { url, ca_pem: None }
+    }
+
+    pub fn allows(&self, url: &Url) -> bool {
+        self.url.allows(url)
+    }
+}
+
+/// PEM text holding one or more X.509 certificates, checked when parsed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CaPem {
+    pem: String,
+    certs: Vec<CertificateDer<'static>>,
+}
+
+impl CaPem {
+    pub fn certificates(&self) -> &[CertificateDer<'static>] {
+        &self.certs
+    }
+
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+}
+
+impl From<CaPem> for String {
+    fn from(c: CaPem) -> String {
+        c.pem
+    }
+}
+
+impl TryFrom<String> for CaPem {
+    type Error = String;
+
+    fn try_from(pem: String) -> Result<CaPem, String> {
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("ca_pem is not PEM: {e}"))?;
+        if certs.is_empty() {
+            return Err("ca_pem holds no `-----BEGIN CERTIFICATE-----` block".into());
+        }
+        let mut store = rustls::RootCertStore::empty();
+        for (i, cert) in certs.iter().enumerate() {
+            store
+                .add(cert.clone())
+                .map_err(|e| format!("ca_pem certificate #{} is not usable: {e}", i + 1))?;
+        }
+        Ok(CaPem { pem, certs })
+    }
+}
+
+/// The keys of one Secret a provider may read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretGrant {
+    pub namespace: String,
+    pub name: String,
+    pub keys: Vec<String>,
+}
+
+impl SecretGrant {
+    pub fn allows(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k == key)
+    }
+
+    fn validate(&self) -> Result<(), GrantError> {
+        if !is_dns_label(&self.namespace) {
+            return Err(invalid(
+                "grants.secret.namespace",
+                format!("`{}` is not a namespace name", self.namespace),
+            ));
+        }
+        if !is_dns_subdomain(&self.name) {
+            return Err(invalid(
+                "grants.secret.name",
+                format!("`{}` is not a Secret name", self.name),
+            ));
+        }
+        if self.keys.is_empty() {
+            return Err(invalid(
+                "grants.secret.keys",
+                "list the keys the provider may read (an empty list grants nothing)",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for key in &self.keys {
+            let ok = !key.is_empty()
+                && key.len() <= 253
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !ok {
+                return Err(invalid(
+                    "grants.secret.keys",
+                    format!("`{key}` is not a Secret key"),
+                ));
+            }
+            if !seen.insert(key) {
+                return Err(invalid(
+                    "grants.secret.keys",
+                    format!("`{key}` is listed twice"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A kind of cluster object a provider may read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupGrant {
+    /// `v1` for the core group, `group/version` otherwise.
+    pub api_version: String,
+    /// The kind as written in objects (`Node`, `BareMetalHost`).
+    pub kind: String,
+}
+
+impl LookupGrant {
+    pub fn new(api_version: impl Into<String>, kind: impl Into<String>) -> LookupGrant {
+        LookupGrant {
+            api_version: api_version.into(),
+            kind: kind.into(),
+        }
+    }
+
+    pub fn allows(&self, api_version: &str, kind: &str) -> bool {
+        self.api_version == api_version && self.kind == kind
+    }
+
+    fn validate(&self, i: usize) -> Result<(), GrantError> {
+        let field = || format!("grants.lookup[{i}]");
+        let version_ok = match self.api_version.split_once('/') {
+            Some((group, version)) => is_dns_subdomain(group) && is_dns_label(version),
+            None => is_dns_label(&self.api_version),
+        };
+        if !version_ok {
+            return Err(invalid(
+                field(),
+                format!(
+                    "api_version `{}` must be `v1` or `group/version`",
+                    self.api_version
+                ),
+            ));
+        }
+        let kind_ok = self.kind.starts_with(|c: char| c.is_ascii_uppercase())
+            && self.kind.chars().all(|c| c.is_ascii_alphanumeric());
+        if !kind_ok {
+            return Err(invalid(
+                field(),
+                format!(
+                    "kind `{}` must be written as in objects, e.g. `Node`",
+                    self.kind
+                ),
+            ));
+        }
+        if self.kind == "Secret" && self.api_version == "v1" {
+            return Err(invalid(
+                field(),
+                "Secrets are read through `grants.secret` (one Secret, listed keys), not lookup",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// WASI features beyond the deny-everything default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WasiGrant {
+    /// The real (or the runtime's injected) wall clock; otherwise it reads the Unix epoch
+    /// and the monotonic clock stands still.
+    #[serde(default)]
+    pub clocks: bool,
+}
+
+/// Per-provider limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock deadline of one call, host I/O included.
+    pub call_timeout_ms: u64,
+    /// Largest linear memory of one call's instance.
+    pub memory_bytes: u64,
+    /// Calls running at once; more wait for a slot.
+    pub max_concurrent_calls: u32,
+    /// Largest HTTP reply body.
+    pub max_response_bytes: u64,
+    /// Bytes (keys plus values) the `state` interface keeps.
+    pub state_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            call_timeout_ms: 30_000,
+            memory_bytes: 64 << 20,
+            max_concurrent_calls: 16,
+            max_response_bytes: 4 << 20,
+            state_bytes: 64 << 10,
+        }
+    }
+}
+
+impl Limits {
+    pub const MAX_CALL_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+    pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
+    pub const MAX_MEMORY_BYTES: u64 = 4 << 30;
+    pub const MAX_CONCURRENT_CALLS: u32 = 1024;
+    pub const MAX_RESPONSE_BYTES: u64 = 1 << 30;
+    pub const MAX_STATE_BYTES: u64 = 64 << 20;
+
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+
+    fn validate(&self) -> Result<(), GrantError> {
+        fn range(field: &str, v: u64, min: u64, max: u64) -> Result<(), GrantError> {
+            if (min..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(invalid(
+                    format!("limits.{field}"),
+                    format!("{v} is outside {min}..={max}"),
+                ))
+            }
+        }
+        range(
+            "call_timeout_ms",
+            self.call_timeout_ms,
+            1,
+            Self::MAX_CALL_TIMEOUT_MS,
+        )?;
+        range(
+            "memory_bytes",
+            self.memory_bytes,
+            Self::MIN_MEMORY_BYTES,
+            Self::MAX_MEMORY_BYTES,
+        )?;
+        range(
+            "max_concurrent_calls",
+            u64::from(self.max_concurrent_calls),
+            1,
+            u64::from(Self::MAX_CONCURRENT_CALLS),
+        )?;
+        range(
+            "max_response_bytes",
+            self.max_response_bytes,
+            1,
+            Self::MAX_RESPONSE_BYTES,
+        )?;
+        range("state_bytes", self.state_bytes, 0, Self::MAX_STATE_BYTES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn http_targets_parse_and_match() {
+        // (grant, request url, allowed)
+        let table = [
+            (
+                "https://127.0.0.1:8443",
+                "https://127.0.0.1:8443/redfish/v1",
+                true,
+            ),
+            ("https://127.0.0.1:8443", "https://127.0.0.1:8444/", false),
+            ("https://127.0.0.1:8443", "http://127.0.0.1:8443/", false),
+            ("https://fabric.example", "https://fabric.example/x", true),
+            (
+                "https://fabric.example",
+                "https://fabric.example:443/x",
+                true,
+            ),
+            (
+                "https://fabric.example",
+                "https://fabric.example:8443/x",
+                false,
+            ),
+            ("http://fabric.example", "http://fabric.example:80/", true),
+            (
+                "https://FABRIC.Example:443/",
+                "https://fabric.example/",
+                true,
+            ),
+            ("https://*.example.com", "https://a.example.com/", true),
+            ("https://*.example.com", "https://a.b.example.com/", true),
+            ("https://*.example.com", "https://example.com/", false),
+            ("https://*.example.com", "https://evilexample.com/", false),
+            (
+                "https://*.example.com",
+                "https://a.example.com.evil/",
+                false,
+            ),
+            ("https://[::1]:8443", "https://[::1]:8443/", true),
+            (
+                "https://fabric.example",
+                "https://fabric.example.evil.com/",
+                false,
+            ),
+        ];
+        for (grant, request, allowed) in table {
+            let target: HttpTarget = grant.parse().unwrap();
+            assert_eq!(
+                target.allows(&url(request)),
+                allowed,
+                "{grant} vs {request}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_http_targets_say_why() {
+        let table = [
+            ("127.0.0.1:8443", "scheme://host"),
+            ("ftp://fabric.example", "not http or https"),
+            ("https://fabric.example/api", "remove the path"),
+            ("https://fabric.example?x=1", "query"),
+            ("https://user:pw@fabric.example", "credentials"),
+            ("https://*.com", "two labels"),
+            ("https://a.*.example.com", "wildcard is only allowed"),
+            ("https://*.10.0.0.1", "wildcard needs a domain"),
+            ("https://", "empty host"),
+            ("https://fabric.example:99999", "invalid port"),
+        ];
+        for (grant, expected) in table {
+            let err = grant.parse::<HttpTarget>().unwrap_err();
+            assert!(err.contains(expected), "{grant}: {err}");
+        }
+    }
+
+    #[test]
+    fn target_display_round_trips() {
+        for s in [
+            "https://*.example.com:443",
+            "http://10.0.0.1:8080",
+            "https://[::1]:443",
+        ] {
+            let t: HttpTarget = s.parse().unwrap();
+            assert_eq!(t.to_string(), s);
+            assert_eq!(t.to_string().parse::<HttpTarget>().unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn secret_and_lookup_grants_allow_only_what_they_list() {
+        let secret = SecretGrant {
+            namespace: "cro-system".into(),
+            name: "credentials".into(),
+            keys: vec!["username".into(), "password".into()],
+        };
+        assert!(secret.allows("username"));
+        assert!(secret.allows("password"));
+        assert!(!secret.allows("client_secret"));
+        assert!(!secret.allows(""));
+
+        let node = LookupGrant::new("v1", "Node");
+        assert!(node.allows("v1", "Node"));
+        assert!(!node.allows("v1", "Pod"));
+        assert!(!node.allows("v2", "Node"));
+        assert!(!node.allows("v1", "node"));
+    }
+
+    const GOOD: &str = r#"
+name: fti
+component: ./fti_provider.wasm
+config: {api_type: FM, endpoint: "https://127.0.0.1:8443/", port: 8443, debug: true}
+grants:
+  http:
+    - url: "https://127.0.0.1:8443"
+    - url: "https://*.fabric.example"
+  secret: {namespace: composable-resource-operator-system, name: credentials, keys: [username, password, client_id, client_secret, realm]}
+  lookup: [{api_version: v1, kind: Node}, {api_version: machine.openshift.io/v1beta1, kind: Machine}, {api_version: metal3.io/v1alpha1, kind: BareMetalHost}]
+  wasi: {clocks: true}
+limits: {call_timeout_ms: 30000, memory_bytes: 67108864, max_concurrent_calls: 16, max_response_bytes: 4194304, state_bytes: 65536}
+"#;
+
+    #[test]
+    fn good_spec_parses() {
+        let spec = ProviderSpec::from_yaml(GOOD, Path::new("/etc/cro")).unwrap();
+        assert_eq!(spec.name, "fti");
+        assert_eq!(spec.component, Path::new("/etc/cro/./fti_provider.wasm"));
+        assert_eq!(spec.config["port"], "8443");
+        assert_eq!(spec.config["debug"], "true");
+        assert_eq!(spec.grants.http.len(), 2);
+        assert!(
+            spec.grants
+                .http_grant_for(&url("https://a.fabric.example/"))
+                .is_some()
+        );
+        assert!(
+            spec.grants
+                .http_grant_for(&url("https://fabric.example/"))
+                .is_none()
+        );
+        assert!(spec.grants.secret.as_ref().unwrap().allows("realm"));
+        assert!(
+            spec.grants
+                .allows_lookup("metal3.io/v1alpha1", "BareMetalHost")
+        );
+        assert!(!spec.grants.allows_lookup("v1", "Pod"));
+        assert!(spec.grants.wasi.clocks);
+        assert_eq!(spec.limits.call_timeout(), Duration::from_secs(30));
+
+        // The same spec as JSON, and an absolute component path stays as written.
+        let json = serde_json::to_string(&spec).unwrap();
+        let again = ProviderSpec::from_json(&json, Path::new("/elsewhere")).unwrap();
+        assert_eq!(again, spec);
+    }
+
+    #[test]
+    fn minimal_spec_denies_everything() {
+        let spec = ProviderSpec::from_yaml("name: p\ncomponent: p.wasm\n", Path::new("")).unwrap();
+        assert_eq!(spec.grants, Grants::default());
+        assert!(spec.grants.http.is_empty());
+        assert!(spec.grants.secret.is_none());
+        assert!(spec.grants.lookup.is_empty());
+        assert!(!spec.grants.wasi.clocks);
+        assert_eq!(spec.limits, Limits::default());
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        let base = "name: p\ncomponent: p.wasm\n";
+        // (yaml, text the error must contain)
+        let table: &[(&str, &str)] = &[
+            ("component: p.wasm\n", "missing field `name`"),
+            ("name: p\n", "missing field `component`"),
+            ("name: P_1\ncomponent: p.wasm\n", "lowercase"),
+            (
+                "name: p\ncomponent: p.wasm\ngrant: {}\n",
+                "unknown field `grant`",
+            ),
+            (
+                "grants: {http: [{url: \"https://a.example/api\"}]}\n",
+                "remove the path",
+            ),
+            (
+                "grants: {http: [{url: \"ftp://a.example\"}]}\n",
+                "not http or https",
+            ),
+            (
+                "grants: {http: [{url: \"https://a.example\", cert: x}]}\n",
+                "unknown field `cert`",
+            ),
+            (
+                "grants: {http: [{url: \"https://a.example\"}, {url: \"https://a.example:443\"}]}\n",
+                "granted twice",
+            ),
+            (
+                "grants: {http: [{url: \"https://a.example\", ca_pem: \"junk\"}]}\n",
+                "BEGIN CERTIFICATE",
+            ),
+            (
+                "grants: {http: [{url: \"http://a.example\", ca_pem: \"junk\"}]}\n",
+                "BEGIN CERTIFICATE",
+            ),
+            (
+                "grants: {secret: {namespace: ns, name: creds, keys: []}}\n",
+                "grants.secret.keys",
+            ),
+            (
+                "grants: {secret: {namespace: ns, name: creds, keys: [a, a]}}\n",
+                "listed twice",
+            ),
+            (
+                "grants: {secret: {namespace: Bad_NS, name: creds, keys: [a]}}\n",
+                "not a namespace",
+            ),
+            (
+                "grants: {secret: {namespace: ns, keys: [a]}}\n",
+                "missing field `name`",
+            ),
+            (
+                "grants: {lookup: [{api_version: v1, kind: node}]}\n",
+                "written as in objects",
+            ),
+            (
+                "grants: {lookup: [{api_version: \"a/b/c\", kind: Node}]}\n",
+                "group/version",
+            ),
+            (
+                "grants: {lookup: [{api_version: v1, kind: Secret}]}\n",
+                "grants.secret",
+            ),
+            (
+                "grants: {lookup: [{api_version: v1, kind: Node}, {api_version: v1, kind: Node}]}\n",
+                "granted twice",
+            ),
+            (
+                "grants: {wasi: {clocks: true, filesystem: true}}\n",
+                "unknown field `filesystem`",
+            ),
+            ("grants: {wasi: {env: true}}\n", "unknown field `env`"),
+            ("limits: {call_timeout_ms: 0}\n", "limits.call_timeout_ms"),
+            ("limits: {memory_bytes: 1000}\n", "limits.memory_bytes"),
+            (
+                "limits: {max_concurrent_calls: 0}\n",
+                "limits.max_concurrent_calls",
+            ),
+            ("limits: {timeout: 5}\n", "unknown field `timeout`"),
+            ("config: {nested: {a: 1}}\n", "strings, numbers or booleans"),
+            ("config: {empty: }\n", "has no value"),
+        ];
+        for (extra, expected) in table {
+            let text = if extra.starts_with("name:") || extra.starts_with("component:") {
+                extra.to_string()
+            } else {
+                format!("{base}{extra}")
+            };
+            let err = ProviderSpec::from_yaml(&text, Path::new("."))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{extra:?}: `{err}` lacks `{expected}`"
+            );
+        }
+    }
+
+    #[test]
+    fn a_real_ca_is_accepted() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["fabric.example".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let yaml = format!(
+            "name: p\ncomponent: p.wasm\ngrants:\n  http:\n    - url: https://fabric.example\n      ca_pem: |\n{}",
+            cert.pem()
+                .lines()
+                .map(|l| format!("        {l}\n"))
+                .collect::<String>()
+        );
+        let spec = ProviderSpec::from_yaml(&yaml, Path::new(".")).unwrap();
+        assert_eq!(
+            spec.grants.http[0]
+                .ca_pem
+                .as_ref()
+                .unwrap()
+                .certificates()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn spec_files_resolve_the_component_next_to_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = dir.path().join("p.yaml");
+        std::fs::write(&yaml, "name: p\ncomponent: p.wasm\n").unwrap();
+        assert_eq!(
+            ProviderSpec::from_file(&yaml).unwrap().component,
+            dir.path().join("p.wasm")
+        );
+        let json = dir.path().join("p.json");
+        std::fs::write(&json, r#"{"name": "p", "component": "/abs/p.wasm"}"#).unwrap();
+        assert_eq!(
+            ProviderSpec::from_file(&json).unwrap().component,
+            Path::new("/abs/p.wasm")
+        );
+        let missing = dir.path().join("missing.yaml");
+        let err = ProviderSpec::from_file(&missing).unwrap_err().to_string();
+        assert!(err.contains("cannot read provider spec"), "{err}");
+    }
+}

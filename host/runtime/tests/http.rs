@@ -1,0 +1,298 @@
+//! The `http` capability over real loopback HTTP(S): granted and denied, redirects,
+//! timeouts (the guest's own and the call's deadline), size caps, TLS trust.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{any, get, post};
+use common::*;
+use cro_runtime::grants::HttpGrant;
+use cro_runtime::{AddOutcome, AttachedDevice, CallError, ProviderError, ProviderSpec};
+
+/// The fabric the provider is granted.
+async fn fabric() -> std::net::SocketAddr {
+    serve(
+        Router::new()
+            .route("/hello", get(|| async { "hello" }))
+            .route(
+                "/echo",
+                post(|body: String| async move { format!("echo:{body}") }),
+            )
+            .route(
+                "/hop",
+                get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/hello")]) }),
+            )
+            .route(
+                "/out",
+                get(
+                    |axum::extract::Query(q): axum::extract::Query<
+                        std::collections::HashMap<String, String>,
+                    >| async move {
+                        (StatusCode::FOUND, [(header::LOCATION, q["to"].clone())]).into_response()
+                    },
+                ),
+            )
+            .route("/big", get(|| async { vec![b'x'; 2 << 20] }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(120)).await;
+                    "late"
+                }),
+            ),
+    )
+    .await
+}
+
+/// A server nobody granted; it counts what reaches it.
+async fn elsewhere() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let router = Router::new()
+        .fallback(any(|State(hits): State<Arc<AtomicUsize>>| async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            "you should not be here"
+        }))
+        .with_state(hits.clone());
+    (serve(router).await, hits)
+}
+
+fn http_spec(url: &str, grant: Option<&str>, extra: &[(&str, &str)]) -> ProviderSpec {
+    let mut config = vec![("url", url)];
+    config.extend_from_slice(extra);
+    let mut spec = spec("http", &config);
+    if let Some(grant) = grant {
+        spec.grants
+            .http
+            .push(HttpGrant::new(grant.parse().unwrap()));
+    }
+    spec
+}
+
+fn reply(device_id: &str) -> AddOutcome {
+    AddOutcome::Attached(AttachedDevice {
+        device_id: device_id.into(),
+        fabric_device_id: "http".into(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_endpoint_is_reached() {
+    let addr = fabric().await;
+    let grant = format!("http://{addr}");
+    let provider = load(&http_spec(
+        &format!("http://{addr}/hello"),
+        Some(&grant),
+        &[],
+    ))
+    .await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap(),
+        reply("200 hello")
+    );
+
+    let post = http_spec(
+        &format!("http://{addr}/echo"),
+        Some(&grant),
+        &[("method", "POST"), ("body", "ping")],
+    );
+    let provider = load(&post).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap(),
+        reply("200 echo:ping")
+    );
+    assert_eq!(provider.denials().total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ungranted_endpoint_is_denied_before_any_connection() {
+    let (addr, hits) = elsewhere().await;
+    let fabric = fabric().await;
+    // Granted the fabric only; the same host on another port is not covered.
+    let provider = load(&http_spec(
+        &format!("http://{addr}/steal"),
+        Some(&format!("http://{fabric}")),
+        &[],
+    ))
+    .await;
+    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Provider(ProviderError::Denied(format!(
+            "no http grant for http://{addr}"
+        )))
+    );
+    assert_eq!(
+        err.denied(),
+        Some(format!("no http grant for http://{addr}").as_str())
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(provider.denials().http, 1);
+
+    // No grants at all: same answer.
+    let provider = load(&http_spec(&format!("http://{addr}/"), None, &[])).await;
+    assert!(
+        provider
+            .add_resource(&gpu("a"))
+            .await
+            .unwrap_err()
+            .denied()
+            .is_some()
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_followed_only_to_granted_targets() {
+    let addr = fabric().await;
+    let grant = format!("http://{addr}");
+    let provider = load(&http_spec(&format!("http://{addr}/hop"), Some(&grant), &[])).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap(),
+        reply("200 hello")
+    );
+
+    let (evil, hits) = elsewhere().await;
+    let url = format!("http://{addr}/out?to=http://{evil}/exfiltrate");
+    let provider = load(&http_spec(&url, Some(&grant), &[])).await;
+    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let denied = err.denied().unwrap_or_else(|| panic!("{err:?}"));
+    assert!(
+        denied.starts_with(&format!("no http grant for http://{evil}")),
+        "{denied}"
+    );
+    assert!(denied.contains("redirect from"), "{denied}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(provider.denials().http, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_bodies_are_capped() {
+    let addr = fabric().await;
+    let mut spec = http_spec(
+        &format!("http://{addr}/big"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    spec.limits.max_response_bytes = 1 << 20;
+    let provider = load(&spec).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        CallError::Provider(ProviderError::MalformedReply(format!(
+            "reply too large: {}",
+            1 << 20
+        )))
+    );
+    spec.limits.max_response_bytes = 4 << 20;
+    let provider = load(&spec).await;
+    assert!(provider.add_resource(&gpu("a")).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guests_own_timeout_is_an_http_error() {
+    let addr = fabric().await;
+    let spec = http_spec(
+        &format!("http://{addr}/slow"),
+        Some(&format!("http://{addr}")),
+        &[("timeout_ms", "200")],
+    );
+    let provider = load(&spec).await;
+    let (out, took) = timed(provider.add_resource(&gpu("a"))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Provider(ProviderError::Unavailable(
+            "http timeout".into()
+        )))
+    );
+    assert!(took < Duration::from_millis(200) + SLACK, "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_deadline_covers_time_spent_in_host_io() {
+    let addr = fabric().await;
+    let mut spec = http_spec(
+        &format!("http://{addr}/slow"),
+        Some(&format!("http://{addr}")),
+        // The guest asks for far more than the call has.
+        &[("timeout_ms", "600000")],
+    );
+    spec.config.insert("mode".into(), "sleep-http".into());
+    spec.limits.call_timeout_ms = 1000;
+    let provider = load(&spec).await;
+    let good = load(&common::spec("fake", &[])).await;
+    let a = gpu("a");
+    let (slow, fast) = tokio::join!(timed(provider.add_resource(&a)), async {
+        // Other calls are served while the slow one waits on the network.
+        good.add_resource(&gpu("g")).await
+    });
+    let (out, took) = slow;
+    assert_eq!(out, Err(CallError::Timeout(Duration::from_millis(1000))));
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(1000) + SLACK,
+        "{took:?}"
+    );
+    assert!(matches!(fast, Ok(AddOutcome::Attached(_))), "{fast:?}");
+    // The provider is fine afterwards.
+    let hello = http_spec(
+        &format!("http://{addr}/hello"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    let provider = load(&hello).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap(),
+        reply("200 hello")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_http_and_https_urls() {
+    let provider = load(&http_spec("file:///etc/passwd", None, &[])).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        CallError::Provider(ProviderError::Config(
+            "`file`: only http and https URLs".into()
+        ))
+    );
+    let provider = load(&http_spec("not a url", None, &[])).await;
+    assert!(matches!(
+        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        CallError::Provider(ProviderError::Config(_))
+    ));
+    assert_eq!(provider.denials().total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_trusts_a_granted_ca_and_nothing_else() {
+    let tls = test_tls();
+    let addr = serve_tls(tls.server.clone(), "secure").await;
+    let url = format!("https://{addr}/");
+    let target = format!("https://{addr}").parse().unwrap();
+
+    let mut trusted = spec("http", &[("url", &url)]);
+    trusted.grants.http.push(HttpGrant {
+        url: target,
+        ca_pem: Some(tls.ca_pem.clone().try_into().unwrap()),
+    });
+    let provider = load(&trusted).await;
+    assert_eq!(
+        provider.add_resource(&gpu("a")).await.unwrap(),
+        reply("200 secure")
+    );
+
+    // Granted the endpoint but not its CA: the TLS handshake fails, typed as such.
+    let untrusted = http_spec(&url, Some(&format!("https://{addr}")), &[]);
+    let provider = load(&untrusted).await;
+    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let CallError::Provider(ProviderError::Unavailable(message)) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(message.starts_with("tls: "), "{message}");
+    assert!(message.contains("certificate"), "{message}");
+}

@@ -1,0 +1,166 @@
+//! Loading refuses, with a clear typed error, anything that is not a provider of our world
+//! and version; inspection describes what a component is.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cro_runtime::cluster::StaticCluster;
+use cro_runtime::{InspectError, LoadError, ProviderSpec};
+
+async fn load_bytes(bytes: Vec<u8>) -> LoadError {
+    let spec = ProviderSpec::new("bad", "unused.wasm");
+    runtime()
+        .load_bytes(&spec, bytes, Arc::new(StaticCluster::new()))
+        .await
+        .unwrap_err()
+}
+
+async fn load_file(path: std::path::PathBuf) -> LoadError {
+    let spec = ProviderSpec::new("bad", path);
+    runtime()
+        .load(&spec, Arc::new(StaticCluster::new()))
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn a_core_module_is_refused() {
+    let module = wat::parse_str("(module (func (export \"f\")))").unwrap();
+    let err = load_bytes(module).await;
+    assert!(
+        matches!(err, LoadError::Component(InspectError::CoreModule)),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("core WebAssembly module, not a component")
+    );
+}
+
+#[tokio::test]
+async fn a_random_file_is_refused() {
+    let err = load_bytes(b"#!/bin/sh\nrm -rf /\n".to_vec()).await;
+    assert!(
+        matches!(err, LoadError::Component(InspectError::NotWasm)),
+        "{err:?}"
+    );
+    let err = load_bytes(b"\0asm\x0d\0\x01\0garbage".to_vec()).await;
+    assert!(
+        matches!(err, LoadError::Component(InspectError::Invalid(_))),
+        "{err:?}"
+    );
+    let err = load_file("/nonexistent/provider.wasm".into()).await;
+    assert!(matches!(err, LoadError::Read { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_future_version_is_refused_by_name() {
+    let err = load_file(cro_test_support::component("future-version-provider")).await;
+    assert!(
+        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.2.0"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the component targets cro:provider@0.2.0; this host supports 0.1.0"
+    );
+}
+
+#[tokio::test]
+async fn a_component_of_another_world_is_refused() {
+    let path = cro_test_support::example_component("future-version-provider", "other_world");
+    let err = load_file(path).await;
+    let LoadError::WrongWorld { exports } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(exports, &["greet".to_string()]);
+    let text = err.to_string();
+    assert!(
+        text.contains("does not export cro:provider/provider@0.1.0"),
+        "{text}"
+    );
+    assert!(text.contains("it exports: greet"), "{text}");
+}
+
+#[tokio::test]
+async fn unsatisfiable_imports_are_named() {
+    let path = cro_test_support::example_component("future-version-provider", "extra_import");
+    let err = load_file(path).await;
+    let LoadError::UnsatisfiedImports { imports, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(imports, &["acme:extra/backdoor@1.0.0".to_string()]);
+    assert!(
+        err.to_string().contains("acme:extra/backdoor@1.0.0"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn limits_beyond_the_runtime_are_refused() {
+    let mut spec = spec("fake", &[]);
+    spec.limits.memory_bytes = runtime().options().max_memory_bytes + 1;
+    let err = runtime()
+        .load(&spec, Arc::new(StaticCluster::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Limits(_)), "{err:?}");
+    // An invalid spec built in code is caught at load too.
+    let mut spec = spec.clone();
+    spec.limits.memory_bytes = 64 << 20;
+    spec.name = "Not A Name".into();
+    let err = runtime()
+        .load(&spec, Arc::new(StaticCluster::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Spec(_)), "{err:?}");
+}
+
+#[test]
+fn inspect_describes_the_testkit() {
+    let bytes = std::fs::read(testkit()).unwrap();
+    for info in [
+        cro_runtime::inspect(&bytes).unwrap(),
+        runtime().inspect(&bytes).unwrap(),
+    ] {
+        assert_eq!(
+            info.world.as_deref(),
+            Some("cro:provider/provider-world@0.1.0")
+        );
+        assert_eq!(info.contract_version.as_deref(), Some("0.1.0"));
+        assert!(info.supported_version);
+        assert!(info.unsatisfied_imports.is_empty(), "{info:?}");
+        let names: Vec<&str> = info.imports.iter().map(|i| i.name.as_str()).collect();
+        for wanted in [
+            "cro:provider/http@0.1.0",
+            "cro:provider/state@0.1.0",
+            "cro:provider/config@0.1.0",
+        ] {
+            assert!(names.contains(&wanted), "{names:?}");
+        }
+        assert!(
+            names.iter().any(|n| n.starts_with("wasi:cli/")),
+            "{names:?}"
+        );
+        let export = &info.exports[0];
+        assert_eq!(export.name, "cro:provider/provider@0.1.0");
+        assert_eq!(
+            export.functions,
+            [
+                "add-resource",
+                "remove-resource",
+                "check-resource",
+                "get-resources"
+            ]
+        );
+    }
+}
+
+#[test]
+fn inspect_refuses_non_components() {
+    let module = wat::parse_str("(module)").unwrap();
+    assert_eq!(cro_runtime::inspect(&module), Err(InspectError::CoreModule));
+    assert_eq!(cro_runtime::inspect(b"hello"), Err(InspectError::NotWasm));
+}

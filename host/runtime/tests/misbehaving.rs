@@ -1,0 +1,223 @@
+//! Misbehaving calls each fail with their own typed error within the deadline, only that
+//! call is affected, and the host keeps serving well-behaved calls during and after.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use cro_runtime::{AddOutcome, CallError, Provider, ProviderSpec};
+
+const DEADLINE: Duration = Duration::from_millis(1500);
+
+fn tight(mut spec: ProviderSpec) -> ProviderSpec {
+    spec.limits.call_timeout_ms = DEADLINE.as_millis() as u64;
+    spec.limits.memory_bytes = 32 << 20;
+    spec
+}
+
+/// Runs fake-fabric calls on `provider` until `stop`, counting successes; any failure
+/// fails the test.
+fn keep_serving(provider: Provider, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let served = AtomicUsize::new(0);
+        let mut i = 0;
+        while !stop.load(Ordering::SeqCst) {
+            i += 1;
+            let r = gpu(&format!("good-{i}"));
+            let out = provider.add_resource(&r).await;
+            assert!(matches!(out, Ok(AddOutcome::Attached(_))), "{out:?}");
+            provider.check_resource(&r).await.unwrap();
+            served.fetch_add(1, Ordering::SeqCst);
+        }
+        served.into_inner()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_misbehaviour_gets_its_own_error_while_others_are_served() {
+    let provider = load(&tight(spec("fake", &[("message", "testkit boom")]))).await;
+    let other = load(&tight(spec("fake", &[]))).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let same = keep_serving(provider.clone(), stop.clone());
+    let elsewhere = keep_serving(other.clone(), stop.clone());
+
+    let (spin, trap, bomb) = (
+        in_mode("spin", "loop"),
+        in_mode("trap", "trap"),
+        in_mode("bomb", "membomb"),
+    );
+    let (spin, trap, bomb) = tokio::join!(
+        timed(provider.add_resource(&spin)),
+        timed(provider.add_resource(&trap)),
+        timed(provider.add_resource(&bomb)),
+    );
+    stop.store(true, Ordering::SeqCst);
+
+    let (spin, took) = spin;
+    assert_eq!(spin, Err(CallError::Timeout(DEADLINE)));
+    assert!(
+        took >= DEADLINE && took < DEADLINE + SLACK,
+        "loop took {took:?}"
+    );
+
+    let (trap, took) = trap;
+    let Err(CallError::Trap { message, stderr }) = &trap else {
+        panic!("{trap:?}")
+    };
+    assert!(message.contains("unreachable"), "{message}");
+    assert!(stderr.contains("testkit boom"), "{stderr}");
+    assert!(took < DEADLINE + SLACK, "trap took {took:?}");
+
+    let (bomb, took) = bomb;
+    assert_eq!(
+        bomb,
+        Err(CallError::OutOfMemory {
+            limit_bytes: 32 << 20
+        })
+    );
+    assert!(took < DEADLINE + SLACK, "membomb took {took:?}");
+
+    let served_same = same.await.unwrap();
+    let served_elsewhere = elsewhere.await.unwrap();
+    assert!(
+        served_same > 0 && served_elsewhere > 0,
+        "{served_same} {served_elsewhere}"
+    );
+
+    // And afterwards both providers still work, with the state the good calls left.
+    assert!(provider.get_resources().await.unwrap().len() >= served_same);
+    assert!(other.get_resources().await.unwrap().len() >= served_elsewhere);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_or_timeout_does_not_touch_a_concurrent_call_to_the_same_provider() {
+    let provider = load(&tight(spec("fake", &[]))).await;
+    // The good call starts while the bad ones run and must see none of their effects.
+    let (spin, trap) = (in_mode("spin", "loop"), in_mode("trap", "trap"));
+    let (spin, trap, good) = tokio::join!(
+        provider.check_resource(&spin),
+        provider.check_resource(&trap),
+        async {
+            let first = provider.add_resource(&gpu("g")).await;
+            let second = provider.add_resource(&gpu("g")).await;
+            (first, second)
+        },
+    );
+    assert_eq!(spin, Err(CallError::Timeout(DEADLINE)));
+    assert!(matches!(trap, Err(CallError::Trap { .. })), "{trap:?}");
+    let (first, second) = good;
+    assert!(matches!(first, Ok(AddOutcome::Attached(_))), "{first:?}");
+    assert_eq!(first, second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaviour_in_every_operation_is_contained() {
+    let provider = load(&tight(spec("trap", &[]))).await;
+    assert!(matches!(
+        provider.get_resources().await,
+        Err(CallError::Trap { .. })
+    ));
+    assert!(matches!(
+        provider.remove_resource(&gpu("a")).await,
+        Err(CallError::Trap { .. })
+    ));
+    let exiting = load(&tight(spec("exit", &[]))).await;
+    // WASI 0.2 `exit` only tells success from failure: exit(3) arrives as status 1.
+    let exited = exiting.check_resource(&gpu("a")).await;
+    assert!(
+        matches!(&exited, Err(CallError::Trap { message, .. }) if message == "the provider called exit(1)"),
+        "{exited:?}"
+    );
+    let spinning = load(&tight(spec("loop", &[]))).await;
+    assert_eq!(
+        spinning.get_resources().await,
+        Err(CallError::Timeout(DEADLINE))
+    );
+    // The resource's model overrides the configured mode per call.
+    assert!(matches!(
+        provider.add_resource(&in_mode("ok", "fake")).await,
+        Ok(AddOutcome::Attached(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_stderr_is_bounded_and_keeps_the_panic_message() {
+    let provider = load(&tight(spec(
+        "trap",
+        &[("noise_bytes", "2000000"), ("message", "the end")],
+    )))
+    .await;
+    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let CallError::Trap { stderr, .. } = &err else {
+        panic!("{err:?}")
+    };
+    let cap = runtime().options().guest_output_bytes;
+    assert!(stderr.len() < cap + 100, "{} bytes kept", stderr.len());
+    assert!(stderr.contains("earlier bytes dropped"), "{stderr:.200}");
+    assert!(stderr.contains("the end"), "{stderr:.200}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_calls_than_slots_wait_instead_of_failing() {
+    let mut spec = tight(spec("fake", &[]));
+    spec.limits.max_concurrent_calls = 2;
+    let provider = load(&spec).await;
+    let calls = (0..12).map(|i| {
+        let provider = provider.clone();
+        tokio::spawn(async move { provider.add_resource(&gpu(&format!("r{i}"))).await })
+    });
+    for call in calls {
+        assert!(matches!(call.await.unwrap(), Ok(AddOutcome::Attached(_))));
+    }
+    // Two loops fill the provider's slots; a third call waits for one, then runs.
+    let (s1, s2) = (in_mode("s1", "loop"), in_mode("s2", "loop"));
+    let (a, b, c) = tokio::join!(
+        provider.check_resource(&s1),
+        provider.check_resource(&s2),
+        timed(provider.get_resources()),
+    );
+    assert_eq!(a, Err(CallError::Timeout(DEADLINE)));
+    assert_eq!(b, Err(CallError::Timeout(DEADLINE)));
+    let (listed, took) = c;
+    assert_eq!(listed.unwrap().len(), 12);
+    // Unblocked only when a loop hit its deadline (a free call takes milliseconds).
+    assert!(
+        took >= DEADLINE / 2,
+        "the third call did not wait: {took:?}"
+    );
+}
+
+// One thread: the spinning guest must yield for the other call to make progress at all.
+#[tokio::test(flavor = "current_thread")]
+async fn a_spinning_guest_does_not_starve_a_single_threaded_runtime() {
+    let provider = load(&tight(spec("fake", &[]))).await;
+    let spin = in_mode("spin", "loop");
+    let (spun, good) = tokio::join!(provider.check_resource(&spin), async {
+        let mut served = 0;
+        for i in 0..5 {
+            let r = gpu(&format!("g{i}"));
+            assert!(matches!(
+                provider.add_resource(&r).await,
+                Ok(AddOutcome::Attached(_))
+            ));
+            served += 1;
+        }
+        served
+    });
+    assert_eq!(spun, Err(CallError::Timeout(DEADLINE)));
+    assert_eq!(good, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_waiting_inside_the_host_is_stopped_at_its_deadline() {
+    let provider = load(&tight(spec("sleep", &[]))).await;
+    let (out, took) = timed(provider.add_resource(&gpu("a"))).await;
+    assert_eq!(out, Err(CallError::Timeout(DEADLINE)));
+    assert!(took >= DEADLINE && took < DEADLINE + SLACK, "{took:?}");
+    // A short nap within the deadline is fine.
+    let napping = load(&tight(spec("sleep", &[("secs", "0")]))).await;
+    assert!(napping.add_resource(&gpu("a")).await.is_ok());
+}
