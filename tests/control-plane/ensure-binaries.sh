@@ -17,11 +17,23 @@ BIN_DIR="$CACHE_ROOT/controlplane/$K8S_VERSION/bin"
 
 log() { echo "[control-plane] $*" >&2; }
 
-if [[ -n "${CRO_KUBE_APISERVER:-}" && -n "${CRO_ETCD:-}" ]]; then
-  [[ -x "$CRO_KUBE_APISERVER" ]] || { log "CRO_KUBE_APISERVER=$CRO_KUBE_APISERVER is not executable"; exit 1; }
-  [[ -x "$CRO_ETCD" ]] || { log "CRO_ETCD=$CRO_ETCD is not executable"; exit 1; }
+if [[ -n "${CRO_KUBE_APISERVER:-}" || -n "${CRO_ETCD:-}" ]]; then
+  [[ -n "${CRO_KUBE_APISERVER:-}" && -n "${CRO_ETCD:-}" ]] || { log "set both CRO_KUBE_APISERVER and CRO_ETCD, or neither"; exit 1; }
+  [[ -f "$CRO_KUBE_APISERVER" && -x "$CRO_KUBE_APISERVER" ]] || { log "CRO_KUBE_APISERVER=$CRO_KUBE_APISERVER is not an executable file"; exit 1; }
+  [[ -f "$CRO_ETCD" && -x "$CRO_ETCD" ]] || { log "CRO_ETCD=$CRO_ETCD is not an executable file"; exit 1; }
   log "using CRO_KUBE_APISERVER and CRO_ETCD from the environment"
-  dirname "$CRO_KUBE_APISERVER"
+  api_dir=$(cd "$(dirname "$CRO_KUBE_APISERVER")" && pwd)
+  etcd_dir=$(cd "$(dirname "$CRO_ETCD")" && pwd)
+  if [[ "$api_dir" == "$etcd_dir" && "$(basename "$CRO_KUBE_APISERVER")" == kube-apiserver && "$(basename "$CRO_ETCD")" == etcd ]]; then
+    echo "$api_dir"
+  else
+    # Callers expect one directory holding both names: link them side by side.
+    links="$CACHE_ROOT/controlplane/from-env-$(printf '%s\n%s' "$api_dir/${CRO_KUBE_APISERVER##*/}" "$etcd_dir/${CRO_ETCD##*/}" | cksum | cut -d' ' -f1)"
+    mkdir -p "$links"
+    ln -sfn "$api_dir/${CRO_KUBE_APISERVER##*/}" "$links/kube-apiserver"
+    ln -sfn "$etcd_dir/${CRO_ETCD##*/}" "$links/etcd"
+    echo "$links"
+  fi
   exit 0
 fi
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
@@ -35,18 +47,27 @@ fi
 
 have() { [[ -x "$BIN_DIR/kube-apiserver" && -x "$BIN_DIR/etcd" ]]; }
 if have; then
-  log "reusing cached binaries in $BIN_DIR (0 s, nothing rebuilt)"
+  log "reusing cached binaries in $BIN_DIR (found in ${SECONDS} s, nothing rebuilt)"
   echo "$BIN_DIR"
   exit 0
 fi
 
-command -v go >/dev/null || { log "go is needed to build kube-apiserver and etcd"; exit 1; }
+command -v go >/dev/null || { log "go is needed to build kube-apiserver and etcd (or set KUBEBUILDER_ASSETS)"; exit 1; }
 
 # One builder at a time: parallel test binaries or a second shell wait for the first.
 mkdir -p "$CACHE_ROOT/controlplane"
-exec 9>"$CACHE_ROOT/controlplane/.lock"
-flock 9
-if have; then echo "$BIN_DIR"; exit 0; fi
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE_ROOT/controlplane/.lock"
+  log "waiting for any other build of $K8S_VERSION to finish"
+  flock 9
+else
+  log "flock not found: not guarding against a concurrent build"
+fi
+if have; then
+  log "another run built them while we waited (${SECONDS} s); reusing $BIN_DIR"
+  echo "$BIN_DIR"
+  exit 0
+fi
 
 WORK="$CACHE_ROOT/controlplane/$K8S_VERSION/src"
 rm -rf "$WORK"
@@ -85,7 +106,9 @@ import (
 )
 GOSRC
 log "resolving modules for kube-apiserver $K8S_VERSION (staging $STAGING_VERSION)"
-GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
+# tidy -e resolves what it can; anything it could not resolve fails the build below with
+# go's own message, and its log stays next to the sources.
+GOFLAGS=-mod=mod go mod tidy -e >tidy.log 2>&1 || log "go mod tidy reported problems; see $WORK/tidy.log"
 # etcd's server version is whatever k8s.io/kubernetes requires (its client matches it).
 GOFLAGS=-mod=mod go get go.etcd.io/etcd/server/v3@"$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3 2>/dev/null || echo v3.6.8)" >/dev/null 2>&1 || true
 t1=$(date +%s)
@@ -99,7 +122,7 @@ GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN_DIR.
 t3=$(date +%s)
 log "etcd built in $((t3 - t2)) s; total $((t3 - t0)) s"
 "$BIN_DIR.tmp/kube-apiserver" --version >&2
-"$BIN_DIR.tmp/etcd" --version >&2 | head -1
+"$BIN_DIR.tmp/etcd" --version >&2
 rm -rf "$BIN_DIR"
 mv "$BIN_DIR.tmp" "$BIN_DIR"
 echo "$BIN_DIR"

@@ -1,1 +1,27 @@
-//! cro-api
+//! Custom resource types of the composable resource operator, `cro.hpsys.ibm.ie.com/v1alpha1`.
+//!
+//! The JSON field names, validation and well-known labels are those of the Go operator
+//! (SPEC §2), so manifests and objects written for it keep working. The CRDs committed in
+//! `crds/` are generated from these types by `cargo run -p cro-api --bin crdgen`.
+
+mod crds;
+mod object_ext;
+mod request;
+mod resource;
+mod resource_type;
+mod schema;
+mod state;
+mod well_known;
+
+pub use crds::{CrdError, CrdFile, REGENERATE_COMMAND, crd_files, crds};
+pub use object_ext::CroObjectExt;
+pub use request::{
+    AllocationPolicy, ComposabilityRequest, ComposabilityRequestSpec, ComposabilityRequestStatus,
+    NodeSpec, ScalarResourceDetails, ScalarResourceStatus,
+};
+pub use resource::{
+    ComposableResource, ComposableResourceSpec, ComposableResourceStatus, ReadyToDetach,
+};
+pub use resource_type::{ResourceType, UnknownResourceType};
+pub use state::{RequestState, ResourceState};
+pub use well_known::*;

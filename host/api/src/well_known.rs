@@ -1,0 +1,28 @@
+//! Names shared with the Go operator: API group, labels, annotations and the finalizer.
+//!
+//! They are part of the on-cluster contract (SPEC §2): objects written by the Go operator
+//! carry exactly these keys, so they must never change.
+
+/// API group of both kinds.
+pub const GROUP: &str = "cro.hpsys.ibm.ie.com";
+/// API version of both kinds.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of both kinds.
+pub const API_VERSION: &str = "cro.hpsys.ibm.ie.com/v1alpha1";
+
+/// Label on a ComposableResource naming the ComposabilityRequest it belongs to.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Label on a ComposableResource created only to detach an orphaned device: the device id.
+pub const LABEL_READY_TO_DETACH_DEVICE_ID: &str = "cohdi.io/ready-to-detach-device-id";
+/// Label on a ComposableResource created only to detach an orphaned device: the fabric's id.
+pub const LABEL_READY_TO_DETACH_CDI_DEVICE_ID: &str = "cohdi.io/ready-to-detach-cdi-device-id";
+
+/// Annotation on a ComposableResource: when its device was last used (RFC 3339).
+pub const ANNOTATION_LAST_USED_TIME: &str = "cohdi.io/last-used-time";
+/// Annotation on a ComposableResource: `true` asks that this device be dropped first.
+pub const ANNOTATION_DELETE_DEVICE: &str = "cohdi.io/delete-device";
+/// The value of [`ANNOTATION_DELETE_DEVICE`] that marks a device for deletion.
+pub const ANNOTATION_DELETE_DEVICE_TRUE: &str = "true";
+
+/// Finalizer the operator keeps on both kinds until their devices are released.
+pub const FINALIZER: &str = "com.ie.ibm.hpsys/finalizer";
