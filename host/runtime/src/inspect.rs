@@ -87,8 +87,6 @@ pub(crate) fn base_config() -> wasmtime::Config {
     config
         .wasm_component_model(true)
         .wasm_gc(false)
-        .wasm_function_references(false)
-        .wasm_exceptions(false)
         .gc_support(false);
     config
 }

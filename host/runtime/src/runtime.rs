@@ -165,7 +165,6 @@ fn engine(options: &RuntimeOptions) -> Result<Engine, LoadError> {
         .total_memories(n.saturating_mul(2))
         .total_tables(n.saturating_mul(4))
         .total_stacks(n)
-        .total_gc_heaps(n)
         .max_memory_size(memory);
     let mut config = inspect::base_config();
     config
