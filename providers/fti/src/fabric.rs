@@ -1,0 +1,246 @@
+//! Authenticated calls to the fabric's APIs and the mapping of what comes back (or
+//! fails to) onto typed errors.
+
+use std::cell::RefCell;
+
+use serde::de::DeserializeOwned;
+
+use crate::config::Config;
+use crate::host::{Host, HttpError, HttpRequest, HttpResponse, LogLevel, Method};
+use crate::model::ProviderError;
+use crate::token::{self, Token};
+
+/// Longest excerpt of a reply body quoted in an error.
+const MAX_QUOTED: usize = 2048;
+
+/// A client for one provider call: it obtains the token once and reuses it.
+pub struct Fabric<'a, H: Host + ?Sized> {
+    host: &'a H,
+    cfg: &'a Config,
+    token: RefCell<Option<Token>>,
+}
+
+impl<'a, H: Host + ?Sized> Fabric<'a, H> {
+    pub fn new(host: &'a H, cfg: &'a Config) -> Self {
+        Fabric {
+            host,
+            cfg,
+            token: RefCell::new(None),
+        }
+    }
+
+    pub fn host(&self) -> &'a H {
+        self.host
+    }
+
+    pub fn config(&self) -> &'a Config {
+        self.cfg
+    }
+
+    /// Sends `method path` (relative to the endpoint) with an optional JSON body and
+    /// returns a 2xx reply; anything else is an error.
+    pub fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<HttpResponse, ProviderError> {
+        let url = format!("{}{}", self.cfg.base_url, path);
+        let body = match body {
+            Some(v) => serde_json::to_vec(v)
+                .map_err(|e| ProviderError::Other(format!("encoding request body: {e}")))?,
+            None => Vec::new(),
+        };
+        let mut token = self.token()?;
+        let mut reply = self.send(method, &url, &body, &token.access_token)?;
+        if reply.status == 401 && token.cached {
+            // Revoked or the identity manager restarted: one fresh token, one retry.
+            self.host.log(
+                LogLevel::Info,
+                "the fabric rejected the cached token; fetching a new one",
+            );
+            token::forget(self.host);
+            token = token::fetch(self.host, self.cfg)?;
+            *self.token.borrow_mut() = Some(token.clone());
+            reply = self.send(method, &url, &body, &token.access_token)?;
+        }
+        if (200..300).contains(&reply.status) {
+            Ok(reply)
+        } else {
+            Err(fabric_error(reply.status, &reply.body))
+        }
+    }
+
+    /// Like [`Fabric::call`] and parses the reply body as JSON of type `T`.
+    pub fn call_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        what: &str,
+    ) -> Result<T, ProviderError> {
+        let reply = self.call(method, path, body)?;
+        parse_json(&reply.body, what)
+    }
+
+    fn token(&self) -> Result<Token, ProviderError> {
+        if let Some(t) = self.token.borrow().as_ref() {
+            return Ok(t.clone());
+        }
+        let t = token::obtain(self.host, self.cfg)?;
+        *self.token.borrow_mut() = Some(t.clone());
+        Ok(t)
+    }
+
+    fn send(
+        &self,
+        method: Method,
+        url: &str,
+        body: &[u8],
+        bearer: &str,
+    ) -> Result<HttpResponse, ProviderError> {
+        let mut headers = vec![
+            ("authorization".to_string(), format!("Bearer {bearer}")),
+            ("accept".to_string(), "application/json".to_string()),
+        ];
+        if !body.is_empty() {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        self.host
+            .log(LogLevel::Debug, &format!("{} {url}", method.as_str()));
+        self.host
+            .http_send(HttpRequest {
+                method,
+                url: url.to_string(),
+                headers,
+                body: body.to_vec(),
+                timeout_ms: self.cfg.timeout_ms,
+            })
+            .map_err(|e| http_failure("fabric", e))
+    }
+}
+
+/// Parses a reply body, turning any JSON or shape error into `malformed-reply`.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ProviderError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ProviderError::malformed(format!("{what}: {e} (body: {})", body_text(body))))
+}
+
+/// Maps a transport failure of the host's HTTP onto the provider's error.
+pub fn http_failure(peer: &str, e: HttpError) -> ProviderError {
+    match e {
+        HttpError::Denied(m) => ProviderError::Denied(format!("HTTP to the {peer}: {m}")),
+        HttpError::InvalidRequest(m) => {
+            ProviderError::Config(format!("invalid request to the {peer}: {m}"))
+        }
+        HttpError::Timeout => ProviderError::Unavailable(format!("the {peer} timed out")),
+        HttpError::Connect(m) => {
+            ProviderError::Unavailable(format!("cannot connect to the {peer}: {m}"))
+        }
+        HttpError::Tls(m) => ProviderError::Unavailable(format!("TLS with the {peer} failed: {m}")),
+        HttpError::TooLarge(n) => ProviderError::MalformedReply(format!(
+            "the {peer}'s reply exceeds the granted {n} bytes"
+        )),
+        // A reply cut short or a protocol failure: the fabric was not properly reached.
+        HttpError::Other(m) => {
+            ProviderError::Unavailable(format!("HTTP to the {peer} failed: {m}"))
+        }
+    }
+}
+
+/// An error reply of the fabric: `{"status": .., "detail": {"code": .., "message": ..}}`,
+/// where `message` may be any JSON value; code and message are also accepted at the
+/// top level. A body that is not such JSON becomes the message verbatim.
+pub fn fabric_error(status: u16, body: &[u8]) -> ProviderError {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let field = |name: &str| -> Option<String> {
+        let v = parsed.as_ref()?;
+        let found = v
+            .get("detail")
+            .and_then(|d| d.get(name))
+            .or_else(|| v.get(name))?;
+        match found {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(s.clone()),
+            other => Some(other.to_string()),
+        }
+    };
+    let code = field("code").unwrap_or_default();
+    let message = field("message").unwrap_or_else(|| body_text(body));
+    ProviderError::Fabric {
+        status,
+        code,
+        message,
+    }
+}
+
+/// A reply body as text for an error message, cut to a readable length.
+pub fn body_text(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.len() <= MAX_QUOTED {
+        return text.to_string();
+    }
+    let mut end = MAX_QUOTED;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], body.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fabric(status: u16, body: &str) -> (u16, String, String) {
+        match fabric_error(status, body.as_bytes()) {
+            ProviderError::Fabric {
+                status,
+                code,
+                message,
+            } => (status, code, message),
+            other => panic!("not a fabric error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn error_reply_with_string_message() {
+        let b = r#"{"status":409,"detail":{"code":"E0001","message":"busy","data":{}}}"#;
+        assert_eq!(fabric(409, b), (409, "E0001".into(), "busy".into()));
+    }
+
+    #[test]
+    fn error_reply_with_object_message_keeps_json_text() {
+        let b = r#"{"status":400,"detail":{"code":"E0002","message":{"reason":"x","n":[1,2]}}}"#;
+        assert_eq!(
+            fabric(400, b),
+            (400, "E0002".into(), r#"{"n":[1,2],"reason":"x"}"#.into())
+        );
+    }
+
+    #[test]
+    fn error_reply_with_top_level_fields_or_numeric_code() {
+        assert_eq!(
+            fabric(500, r#"{"code":7,"message":"boom"}"#),
+            (500, "7".into(), "boom".into())
+        );
+    }
+
+    #[test]
+    fn error_reply_that_is_not_json_is_quoted() {
+        assert_eq!(
+            fabric(502, "<html>bad gateway</html>\n"),
+            (502, "".into(), "<html>bad gateway</html>".into())
+        );
+        assert_eq!(fabric(503, ""), (503, "".into(), "".into()));
+        assert_eq!(fabric(500, "[1]"), (500, "".into(), "[1]".into()));
+    }
+
+    #[test]
+    fn long_bodies_are_cut_on_a_char_boundary() {
+        let long = "é".repeat(MAX_QUOTED);
+        let t = body_text(long.as_bytes());
+        assert!(t.len() < long.len());
+        assert!(t.ends_with(&format!("({} bytes)", long.len())));
+    }
+}

@@ -1,0 +1,286 @@
+//! Fabric Manager API.
+
+use std::time::Duration;
+
+use cro_runtime::{DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
+use fabric_sim::{Fault, Route, codes};
+use provider_it::{Api, Fixture, MODEL};
+use serde_json::json;
+
+use crate::*;
+
+async fn fm() -> Fixture {
+    let fx = Fixture::builder(Api::Fm).start().await;
+    fx.sim.add_free_devices("gpu", MODEL, 3);
+    fx
+}
+
+#[tokio::test]
+async fn attach_returns_the_simulators_serial_and_fabric_uuid() {
+    let fx = fm().await;
+    let machine = fx.add_provider_id_node("worker-0");
+    let (serial, uuid) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+
+    let on_machine = fx.sim.machine_devices(&machine);
+    assert_eq!(on_machine.len(), 1);
+    assert_eq!(on_machine[0].serial, serial);
+    assert_eq!(on_machine[0].res_uuid, uuid);
+    assert!(serial.starts_with("GPU-"));
+    assert_eq!(fx.sim.free_devices("gpu", MODEL), 2);
+
+    let patch = &fx.sim.requests_to(Route::FmAttach)[0];
+    assert!(patch.tls);
+    assert_eq!(
+        patch.query_param("tenant_uuid").as_deref(),
+        Some(fx.sim.tenant_id())
+    );
+    assert_eq!(
+        patch.json().unwrap()["tenants"]["machines"][0]["resources"][0]["res_specs"][0]["res_spec"]
+            ["condition"][0]["value"],
+        MODEL
+    );
+}
+
+#[tokio::test]
+async fn check_reports_healthy_warning_critical_and_missing() {
+    let fx = fm().await;
+    fx.add_provider_id_node("worker-0");
+    let mut gpu = fx.gpu("gpu-a", "worker-0");
+    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    gpu.device_id = Some(serial.clone());
+    gpu.fabric_device_id = Some(uuid);
+
+    fx.provider.check_resource(&gpu).await.unwrap();
+    fx.sim.set_op_status(&serial, "1").unwrap();
+    assert!(
+        matches!(provider_error(fx.provider.check_resource(&gpu).await), ProviderError::Warning(m) if m.contains(&serial))
+    );
+    fx.sim.set_op_status(&serial, "2").unwrap();
+    assert!(
+        matches!(provider_error(fx.provider.check_resource(&gpu).await), ProviderError::Critical(m) if m.contains(&serial))
+    );
+    fx.sim.set_op_status(&serial, "").unwrap();
+    assert!(matches!(
+        provider_error(fx.provider.check_resource(&gpu).await),
+        ProviderError::MalformedReply(_)
+    ));
+    fx.sim.set_op_status(&serial, "0").unwrap();
+    fx.provider.check_resource(&gpu).await.unwrap();
+
+    fx.sim.detach_directly(&serial).unwrap();
+    assert!(
+        matches!(provider_error(fx.provider.check_resource(&gpu).await), ProviderError::NotFound(m) if m.contains(&serial))
+    );
+}
+
+#[tokio::test]
+async fn detach_removes_the_device_and_an_already_gone_device_counts_as_detached() {
+    let fx = fm().await;
+    let machine = fx.add_provider_id_node("worker-0");
+    let mut gpu = fx.gpu("gpu-a", "worker-0");
+    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    gpu.device_id = Some(serial.clone());
+    gpu.fabric_device_id = Some(uuid.clone());
+
+    assert_eq!(
+        fx.provider.remove_resource(&gpu).await.unwrap(),
+        RemoveOutcome::Removed
+    );
+    assert!(fx.sim.machine_devices(&machine).is_empty());
+    assert_eq!(fx.sim.free_devices("gpu", MODEL), 3);
+    let deletes = fx.sim.requests_to(Route::FmDetach);
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(
+        deletes[0].json().unwrap()["tenants"]["machines"][0]["resources"][0]["res_specs"][0]["res_uuid"],
+        json!(uuid)
+    );
+
+    // Gone already (here: detached by the call above): no second DELETE.
+    assert_eq!(
+        fx.provider.remove_resource(&gpu).await.unwrap(),
+        RemoveOutcome::Removed
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmDetach).len(), 1);
+
+    // Detached behind the provider's back.
+    let (serial2, uuid2) = attached(fx.provider.add_resource(&fx.gpu("gpu-b", "worker-0")).await);
+    fx.sim.detach_directly(&serial2).unwrap();
+    let mut gpu2 = fx.gpu("gpu-b", "worker-0");
+    gpu2.device_id = Some(serial2);
+    gpu2.fabric_device_id = Some(uuid2);
+    assert_eq!(
+        fx.provider.remove_resource(&gpu2).await.unwrap(),
+        RemoveOutcome::Removed
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmDetach).len(), 1);
+}
+
+#[tokio::test]
+async fn get_resources_lists_what_the_simulator_holds_across_nodes() {
+    let fx = fm().await;
+    let m0 = fx.add_provider_id_node("worker-0");
+    let m1 = fx.add_provider_id_node("worker-1");
+    fx.add_provider_id_node("worker-2");
+    fx.add_plain_node("control-plane");
+    fx.sim.add_free_devices("cxlmemory", "CMM-D 128G", 1);
+    let a = fx.sim.attach_directly(&m0, "gpu", MODEL).unwrap();
+    let b = fx
+        .sim
+        .attach_directly(&m0, "cxlmemory", "CMM-D 128G")
+        .unwrap();
+    let c = fx.sim.attach_directly(&m1, "gpu", "H100 80G").unwrap();
+
+    let mut got = fx.provider.get_resources().await.unwrap();
+    got.sort_by(|x, y| x.device_id.cmp(&y.device_id));
+    let info = |node: &str, machine: &str, t, d: &fabric_sim::SimDevice| DeviceInfo {
+        node: node.into(),
+        machine_id: machine.into(),
+        device_type: t,
+        model: d.model.clone(),
+        device_id: d.serial.clone(),
+        fabric_device_id: d.res_uuid.clone(),
+    };
+    let mut want = vec![
+        info("worker-0", &m0, DeviceType::Gpu, &a),
+        info("worker-0", &m0, DeviceType::CxlMemory, &b),
+        info("worker-1", &m1, DeviceType::Gpu, &c),
+    ];
+    want.sort_by(|x, y| x.device_id.cmp(&y.device_id));
+    assert_eq!(got, want);
+    // Three fabric machines read, with one token.
+    assert_eq!(fx.sim.requests_to(Route::FmGetMachine).len(), 3);
+    assert_eq!(fx.sim.token_requests().len(), 1);
+}
+
+#[tokio::test]
+async fn each_injected_fault_gives_a_typed_error() {
+    let fx = Fixture::builder(Api::Fm)
+        .with_config("timeout_ms", "1000")
+        .start()
+        .await;
+    fx.sim.add_free_devices("gpu", MODEL, 10);
+    fx.add_provider_id_node("worker-0");
+    let gpu = fx.gpu("gpu-a", "worker-0");
+    let add = || fx.provider.add_resource(&gpu);
+
+    fx.sim
+        .inject(Fault::error(409, "E0001", "machine busy").on(Route::FmAttach));
+    let e = fabric_error(add().await);
+    assert_eq!(
+        (e.status, e.code.as_str(), e.message.as_str()),
+        (409, "E0001", "machine busy")
+    );
+
+    fx.sim.inject(
+        Fault::error_value(500, "E0500", json!({"reason": "db", "retry": true}))
+            .on(Route::FmAttach),
+    );
+    let e = fabric_error(add().await);
+    assert_eq!((e.status, e.code.as_str()), (500, "E0500"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&e.message).unwrap(),
+        json!({"reason": "db", "retry": true})
+    );
+
+    fx.sim.inject(Fault::NoFreeDevice.on(Route::FmAttach));
+    let e = fabric_error(add().await);
+    assert_eq!((e.status, e.code.as_str()), (409, codes::NO_FREE_DEVICE));
+    assert!(e.message.contains("no free resource"), "{}", e.message);
+
+    fx.sim.inject(Fault::MalformedJson.on(Route::FmAttach));
+    assert!(matches!(
+        provider_error(add().await),
+        ProviderError::MalformedReply(_)
+    ));
+
+    for op in ["", "x", "3"] {
+        fx.sim
+            .inject(Fault::AttachOpStatus(op.into()).on(Route::FmAttach));
+        assert!(
+            matches!(provider_error(add().await), ProviderError::MalformedReply(m) if m.contains("res_op_status")),
+            "op {op:?}"
+        );
+    }
+    fx.sim
+        .inject(Fault::AttachOpStatus("2".into()).on(Route::FmAttach));
+    assert!(matches!(
+        provider_error(add().await),
+        ProviderError::Critical(_)
+    ));
+    // Warning still attaches.
+    fx.sim
+        .inject(Fault::AttachOpStatus("1".into()).on(Route::FmAttach));
+    let (serial, _) = attached(add().await);
+    assert_eq!(sim_device(&fx, &serial).op_status, "1");
+
+    fx.sim.inject(
+        Fault::Reply {
+            status: 200,
+            body: r#"{"data": {"machines": []}}"#.into(),
+        }
+        .on(Route::FmAttach),
+    );
+    assert!(matches!(
+        provider_error(add().await),
+        ProviderError::MalformedReply(_)
+    ));
+
+    fx.sim.inject(Fault::Drop.on(Route::FmAttach));
+    assert!(matches!(
+        provider_error(add().await),
+        ProviderError::Unavailable(_)
+    ));
+
+    fx.sim
+        .inject(Fault::Latency(Duration::from_secs(3)).on(Route::FmAttach));
+    assert!(
+        matches!(provider_error(add().await), ProviderError::Unavailable(m) if m.contains("timed out"))
+    );
+
+    let mut held = fx.gpu("gpu-h", "worker-0");
+    held.device_id = Some(serial);
+    fx.sim
+        .inject(Fault::error(423, "E0423", "locked").on(Route::FmDetach));
+    let e = fabric_error(fx.provider.remove_resource(&held).await);
+    assert_eq!(
+        (e.status, e.code.as_str(), e.message.as_str()),
+        (423, "E0423", "locked")
+    );
+    fx.sim
+        .inject(Fault::error(503, "E0503", "maintenance").on(Route::FmGetMachine));
+    let e = fabric_error(fx.provider.check_resource(&held).await);
+    assert_eq!(
+        (e.status, e.code.as_str(), e.message.as_str()),
+        (503, "E0503", "maintenance")
+    );
+
+    // Faults used up: the provider works again (the device attached with a warning).
+    assert_eq!(fx.sim.active_faults(), 0);
+    assert!(matches!(
+        provider_error(fx.provider.check_resource(&held).await),
+        ProviderError::Warning(_)
+    ));
+    fx.sim
+        .set_op_status(held.device_id.as_deref().unwrap(), "0")
+        .unwrap();
+    fx.provider.check_resource(&held).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_node_off_the_fabric_is_not_found() {
+    let fx = fm().await;
+    fx.add_plain_node("control-plane");
+    assert!(matches!(
+        provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "control-plane")).await),
+        ProviderError::NotFound(m) if m.contains("providerID")
+    ));
+    assert!(matches!(
+        provider_error(
+            fx.provider
+                .add_resource(&fx.gpu("gpu-a", "no-such-node"))
+                .await
+        ),
+        ProviderError::NotFound(_)
+    ));
+    assert!(fx.sim.requests().is_empty());
+}
