@@ -53,6 +53,6 @@ fi
 # `cargo test` holds the workspace lock never deadlocks.
 build_components() {
   say "building provider components for wasm32-wasip2"
-  (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target/wasm" cargo build --release --locked \
+  (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target/wasm" cargo build --profile component --locked \
     --target wasm32-wasip2 "$@")
 }

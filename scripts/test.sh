@@ -21,7 +21,7 @@ cargo fmt --all -- --check
 
 step "provider components (wasm32-wasip2) and their lints"
 build_components -p fti-provider -p cro-testkit -p future-version-provider
-CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --release --locked --target wasm32-wasip2 \
+CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked --target wasm32-wasip2 \
   -p fti-provider -p cro-testkit -- -D warnings
 
 step "cargo test (whole workspace)"

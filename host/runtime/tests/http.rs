@@ -296,3 +296,35 @@ async fn https_trusts_a_granted_ca_and_nothing_else() {
     assert!(message.starts_with("tls: "), "{message}");
     assert!(message.contains("certificate"), "{message}");
 }
+
+/// A server that accepts and closes every connection without a byte of reply.
+async fn dropper() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            // Read the request first so the client has sent it, then drop the socket.
+            let mut buf = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+            drop(socket);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_a_connect_error() {
+    let addr = dropper().await;
+    let spec = http_spec(
+        &format!("http://{addr}/x"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    let provider = load(&spec).await;
+    match provider.add_resource(&gpu("a")).await {
+        Err(CallError::Provider(ProviderError::Unavailable(m))) => {
+            assert!(m.starts_with("connect"), "{m}")
+        }
+        other => panic!("expected a connect error, got {other:?}"),
+    }
+}

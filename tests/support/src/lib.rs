@@ -1,6 +1,6 @@
 //! Helpers for tests that need real provider components.
 //!
-//! [`component`] builds a component crate of the workspace for `wasm32-wasip2` (release)
+//! [`component`] builds a component crate of the workspace for `wasm32-wasip2` (the `component` profile)
 //! into `<workspace>/target/wasm` — a separate target dir, so the nested cargo never
 //! waits on the lock held by the cargo that runs the tests — and returns the `.wasm`
 //! path. Cargo runs once per process per package; it is a fast no-op when the component
@@ -64,8 +64,11 @@ pub fn try_example_component(package: &str, example: &str) -> Result<PathBuf, St
     )
 }
 
+/// The workspace's `[profile.component]`: stripped and size-optimised, as components ship.
+const PROFILE: &str = "component";
+
 fn wasm_release_dir() -> PathBuf {
-    wasm_target_dir().join("wasm32-wasip2").join("release")
+    wasm_target_dir().join("wasm32-wasip2").join(PROFILE)
 }
 
 type Built = HashMap<String, Result<PathBuf, String>>;
@@ -106,7 +109,8 @@ fn run_cargo(package: &str, example: Option<&str>) -> Result<(), String> {
         .env("CARGO_TARGET_DIR", wasm_target_dir())
         .args([
             "build",
-            "--release",
+            "--profile",
+            PROFILE,
             "--target",
             "wasm32-wasip2",
             "-p",

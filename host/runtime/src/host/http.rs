@@ -255,7 +255,9 @@ fn classify(e: &reqwest::Error) -> HttpError {
     {
         return HttpError::Tls(chain(e));
     }
-    if e.is_connect() {
+    // A connection closed before or while the reply came ("incomplete message", a reset
+    // mid-body) is the WIT's `connect`: refused, reset or dropped.
+    if e.is_connect() || e.is_request() || e.is_body() {
         return HttpError::Connect(chain(e));
     }
     HttpError::Other(chain(e))
