@@ -141,7 +141,9 @@ pub fn plan(
                     .target_node
                     .as_ref()
                     .is_none_or(|t| *t == r.target_node)
-                && (request.other_spec.is_none() || node_fits(&r.target_node))
+                // Also false for a node that no longer exists: keeping a device there
+                // would pin a samenode request to a node that is gone.
+                && node_fits(&r.target_node)
         });
     // Most worth keeping first: the reverse of the order in which surplus is dropped.
     candidates.sort_by(|a, b| drop_order(b, a));
@@ -546,6 +548,24 @@ mod tests {
         let p = plan(&r, &existing, &nodes3(), &BTreeSet::new()).unwrap();
         assert_eq!(p.drop, vec!["a"]);
         assert_eq!(p.create, vec!["n3"]);
+    }
+
+    #[test]
+    fn devices_on_a_vanished_node_are_replaced() {
+        let existing = [
+            res("a", "gone", DeviceState::Online, 1),
+            res("b", "gone", DeviceState::Online, 2),
+        ];
+        let p = plan(
+            &request(2, Policy::SameNode),
+            &existing,
+            &nodes3(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
+        assert!(p.keep.is_empty());
+        assert_eq!(p.drop.len(), 2);
+        assert_eq!(p.create, vec!["n1", "n1"]);
     }
 
     #[test]

@@ -1,0 +1,246 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, as client-go does it: the
+//! holder renews the Lease; another instance takes it over only after seeing the record
+//! unchanged for the lease duration on its own clock (so clock skew between machines
+//! does not matter). Writes carry the resourceVersion read, so two candidates never
+//! both win.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::LeaderElectionConfig;
+use crate::error::OperatorError;
+
+/// What identifies one term of a holder: a renewal changes it.
+#[derive(Debug, Clone, PartialEq)]
+struct Record {
+    holder: String,
+    renew: Option<MicroTime>,
+    transitions: Option<i32>,
+}
+
+pub struct LeaderElector {
+    api: Api<Lease>,
+    config: LeaderElectionConfig,
+    observed: Option<(Record, Instant)>,
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+impl LeaderElector {
+    pub fn new(client: kube::Client, config: LeaderElectionConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+            observed: None,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.config.identity
+    }
+
+    /// One attempt: true when this instance holds the Lease afterwards.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let me = self.config.identity.clone();
+        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.config.lease_name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me),
+                    lease_duration_seconds: Some(secs(self.config.lease_duration)),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let record = Record {
+            holder: spec.holder_identity.clone().unwrap_or_default(),
+            renew: spec.renew_time.clone(),
+            transitions: spec.lease_transitions,
+        };
+        let observed_at = match &self.observed {
+            Some((seen, at)) if *seen == record => *at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some((record.clone(), at));
+                at
+            }
+        };
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.config.lease_duration, Duration::from_secs);
+        let mine = record.holder == me;
+        if !record.holder.is_empty() && !mine && observed_at.elapsed() < duration {
+            return Ok(false);
+        }
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some(me),
+            lease_duration_seconds: Some(secs(self.config.lease_duration)),
+            acquire_time: if mine {
+                spec.acquire_time.clone()
+            } else {
+                Some(now.clone())
+            },
+            renew_time: Some(now),
+            lease_transitions: Some(if mine {
+                spec.lease_transitions.unwrap_or(0)
+            } else {
+                spec.lease_transitions.unwrap_or(0).saturating_add(1)
+            }),
+            ..spec
+        });
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the Lease up if this instance holds it, so a standby takes over at once.
+    pub async fn release(&mut self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+            return Ok(());
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Someone else changed it: it is not ours to release any more.
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Held leadership: renewed in the background until released or lost.
+pub struct Leadership {
+    lost: watch::Receiver<bool>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Resolves when the Lease could not be renewed in time or another instance holds it.
+    pub async fn lost(&mut self) {
+        // An error means the renewal task ended, which it only does after losing.
+        let _ = self.lost.wait_for(|lost| *lost).await;
+    }
+
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Stops renewing and releases the Lease.
+    pub async fn release(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // Without release(): stop renewing; the Lease then expires.
+        self.task.abort();
+    }
+}
+
+/// Waits until this instance holds the Lease, then keeps renewing it.
+pub async fn acquire(
+    client: kube::Client,
+    config: LeaderElectionConfig,
+    on_change: impl Fn(bool) + Send + Sync + 'static,
+) -> Result<Leadership, OperatorError> {
+    let renew_period = config.renew_period;
+    // Give up leading a while before others may take over, as client-go's renew deadline.
+    let renew_deadline = config.lease_duration.mul_f64(2.0 / 3.0);
+    let mut elector = LeaderElector::new(client, config);
+    loop {
+        match elector.try_acquire_or_renew().await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "leader election: cannot read or write the Lease"),
+        }
+        tokio::time::sleep(renew_period).await;
+    }
+    tracing::info!(identity = elector.identity(), "became the leader");
+    on_change(true);
+    let (lost_tx, lost) = watch::channel(false);
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut last_renewal = Instant::now();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => {
+                    if let Err(e) = elector.release().await {
+                        tracing::warn!(error = %e, "leader election: cannot release the Lease");
+                    }
+                    on_change(false);
+                    return;
+                }
+                () = tokio::time::sleep(renew_period) => {}
+            }
+            match elector.try_acquire_or_renew().await {
+                Ok(true) => last_renewal = Instant::now(),
+                Ok(false) => {
+                    tracing::error!(
+                        identity = elector.identity(),
+                        "leader election: another instance holds the Lease"
+                    );
+                    break;
+                }
+                Err(e) if last_renewal.elapsed() < renew_deadline => {
+                    tracing::warn!(error = %e, "leader election: renewal failed; retrying");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "leader election: could not renew the Lease in time");
+                    break;
+                }
+            }
+        }
+        on_change(false);
+        let _ = lost_tx.send(true);
+    });
+    Ok(Leadership {
+        lost,
+        stop: Some(stop),
+        task,
+    })
+}

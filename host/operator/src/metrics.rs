@@ -1,0 +1,262 @@
+//! Prometheus metrics of the operator, served at `/metrics`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerOnly {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    controller: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    operation: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdmissionLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DenialLabels {
+    reason: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s: node commands and fabric calls span that range.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    reconciles: Family<ControllerLabels, Counter>,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histograms<ControllerOnly>,
+    provider_calls: Family<ProviderLabels, Counter>,
+    provider_duration: Histograms<OperationLabels>,
+    admission_reviews: Family<AdmissionLabels, Counter>,
+    admission_denials: Family<DenialLabels, Counter>,
+    orphans_tracked: Gauge,
+    orphans_released: Counter,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("cro");
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciliations by controller and outcome (ok, error)",
+            reconciles.clone(),
+        );
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciliations by controller and error kind",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration: Histograms<ControllerOnly> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconciliation",
+            reconcile_duration.clone(),
+        );
+        let provider_calls = Family::<ProviderLabels, Counter>::default();
+        registry.register(
+            "provider_calls",
+            "Provider calls by operation and outcome (ok, in_progress, or the error kind)",
+            provider_calls.clone(),
+        );
+        let provider_duration: Histograms<OperationLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "provider_call_duration_seconds",
+            "Latency of provider calls by operation",
+            provider_duration.clone(),
+        );
+        let admission_reviews = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "admission_reviews",
+            "ComposabilityRequest admission reviews by outcome (allowed, denied, invalid)",
+            admission_reviews.clone(),
+        );
+        let admission_denials = Family::<DenialLabels, Counter>::default();
+        registry.register(
+            "admission_denials",
+            "ComposabilityRequests refused by the webhook, by rule",
+            admission_denials.clone(),
+        );
+        let orphans_tracked = Gauge::default();
+        registry.register(
+            "orphan_devices",
+            "Devices the fabric reports that no ComposableResource holds",
+            orphans_tracked.clone(),
+        );
+        let orphans_released = Counter::default();
+        registry.register(
+            "orphan_devices_released",
+            "Ready-to-detach ComposableResources created for orphaned devices",
+            orphans_released.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this instance holds the leader Lease",
+            leader.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            provider_calls,
+            provider_duration,
+            admission_reviews,
+            admission_denials,
+            orphans_tracked,
+            orphans_released,
+            leader,
+        }
+    }
+
+    pub fn reconciled(&self, controller: &str, error_kind: Option<&str>, took: Duration) {
+        let outcome = if error_kind.is_some() { "error" } else { "ok" };
+        self.reconciles
+            .get_or_create(&ControllerLabels {
+                controller: controller.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        if let Some(kind) = error_kind {
+            self.reconcile_errors
+                .get_or_create(&ErrorLabels {
+                    controller: controller.into(),
+                    kind: kind.into(),
+                })
+                .inc();
+        }
+        self.reconcile_duration
+            .get_or_create(&ControllerOnly {
+                controller: controller.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn provider_call(&self, operation: &str, outcome: &str, took: Duration) {
+        self.provider_calls
+            .get_or_create(&ProviderLabels {
+                operation: operation.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.provider_duration
+            .get_or_create(&OperationLabels {
+                operation: operation.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn admission(&self, outcome: &str, denial_reason: Option<&str>) {
+        self.admission_reviews
+            .get_or_create(&AdmissionLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+        if let Some(reason) = denial_reason {
+            self.admission_denials
+                .get_or_create(&DenialLabels {
+                    reason: reason.into(),
+                })
+                .inc();
+        }
+    }
+
+    pub fn set_orphans(&self, n: usize) {
+        self.orphans_tracked
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn orphan_released(&self) {
+        self.orphans_released.inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_show_in_the_exposition() {
+        let m = Metrics::new();
+        m.reconciled("resource", None, Duration::from_millis(3));
+        m.reconciled("resource", Some("provider"), Duration::from_millis(3));
+        m.provider_call("add_resource", "in_progress", Duration::from_millis(20));
+        m.admission("denied", Some("duplicate_samenode"));
+        m.set_leader(true);
+        let text = m.encode();
+        for line in [
+            "cro_reconciles_total{controller=\"resource\",outcome=\"ok\"} 1",
+            "cro_reconciles_total{controller=\"resource\",outcome=\"error\"} 1",
+            "cro_reconcile_errors_total{controller=\"resource\",kind=\"provider\"} 1",
+            "cro_provider_calls_total{operation=\"add_resource\",outcome=\"in_progress\"} 1",
+            "cro_provider_call_duration_seconds_count{operation=\"add_resource\"} 1",
+            "cro_admission_denials_total{reason=\"duplicate_samenode\"} 1",
+            "cro_leader 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,344 @@
+//! The provider as the controllers see it: four operations on one device, whatever runs
+//! behind them (the host runtime with a vendor component in production).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cro_api::{ComposableResource, ResourceType};
+use cro_runtime::CallError;
+use cro_runtime::domain::{self, AddOutcome, DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
+use futures::future::BoxFuture;
+use kube::ResourceExt;
+
+use crate::metrics::Metrics;
+
+/// Why a provider call failed: the provider said so, or the host could not get an
+/// answer (trap, deadline, memory cap). Only that call is affected.
+pub type ProviderCallError = cro_runtime::CallError;
+
+/// A short label of a failure, for metrics.
+pub fn error_kind(e: &ProviderCallError) -> &'static str {
+    match e {
+        CallError::Provider(e) => match e {
+            ProviderError::Fabric(_) => "fabric",
+            ProviderError::MalformedReply(_) => "malformed_reply",
+            ProviderError::NotFound(_) => "not_found",
+            ProviderError::Warning(_) => "warning",
+            ProviderError::Critical(_) => "critical",
+            ProviderError::Denied(_) => "denied",
+            ProviderError::Config(_) => "config",
+            ProviderError::Unavailable(_) => "unavailable",
+            ProviderError::NoCapacity(_) => "no_capacity",
+            ProviderError::Other(_) => "other",
+        },
+        CallError::Trap { .. } => "trap",
+        CallError::Timeout(_) => "timeout",
+        CallError::OutOfMemory { .. } => "out_of_memory",
+        CallError::Instantiate(_) => "instantiate",
+    }
+}
+
+pub type ProviderResult<T> = Result<T, ProviderCallError>;
+
+/// What the controllers call. Dyn-compatible so tests and the runtime adapter share one
+/// `Arc<dyn DeviceProvider>`.
+pub trait DeviceProvider: Send + Sync + 'static {
+    fn add_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<AddOutcome>>;
+
+    fn remove_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>>;
+
+    fn check_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>>;
+
+    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>>;
+}
+
+/// The host runtime's provider (a vendor component) is the production implementation.
+impl DeviceProvider for cro_runtime::Provider {
+    fn add_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(cro_runtime::Provider::add_resource(self, resource))
+    }
+
+    fn remove_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+        Box::pin(cro_runtime::Provider::remove_resource(self, resource))
+    }
+
+    fn check_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>> {
+        Box::pin(cro_runtime::Provider::check_resource(self, resource))
+    }
+
+    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(cro_runtime::Provider::get_resources(self))
+    }
+}
+
+/// The operations, for metrics and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Add,
+    Remove,
+    Check,
+    List,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Add => "add_resource",
+            Operation::Remove => "remove_resource",
+            Operation::Check => "check_resource",
+            Operation::List => "get_resources",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+pub fn device_type(t: ResourceType) -> DeviceType {
+    match t {
+        ResourceType::Gpu => DeviceType::Gpu,
+        ResourceType::CxlMemory => DeviceType::CxlMemory,
+    }
+}
+
+/// The provider's view of a ComposableResource.
+pub fn to_domain(resource: &ComposableResource) -> domain::ComposableResource {
+    domain::ComposableResource {
+        name: resource.name_any(),
+        device_type: device_type(resource.spec.resource_type),
+        model: resource.spec.model.clone(),
+        target_node: resource.spec.target_node.clone(),
+        device_id: resource.device_id().map(str::to_owned),
+        fabric_device_id: resource.cdi_device_id().map(str::to_owned),
+        force_detach: resource.spec.force_detach,
+    }
+}
+
+/// Exclusive right to change the devices of one node; see [`InstrumentedProvider`].
+pub struct NodeGuard {
+    node: String,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// Calls the provider and records every call in the metrics (operation, outcome, latency)
+/// and the log. The controllers go through this, never through the provider directly.
+///
+/// Attaches and detaches need a [`NodeGuard`]: changes to one node are serialized. A
+/// fabric API that resizes a machine by device count (FTI's Cluster Manager) reads the
+/// count and writes a new one, so two concurrent changes to one machine would race; and
+/// the controller keeps the guard while it stores an attached device's ids or checks
+/// that a device it is about to detach is not already someone else's. Different nodes
+/// run in parallel.
+#[derive(Clone)]
+pub struct InstrumentedProvider {
+    inner: Arc<dyn DeviceProvider>,
+    metrics: Arc<Metrics>,
+    node_locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl InstrumentedProvider {
+    pub fn new(inner: Arc<dyn DeviceProvider>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            metrics,
+            node_locks: Arc::default(),
+        }
+    }
+
+    fn record<T>(
+        &self,
+        op: Operation,
+        started: Instant,
+        result: &ProviderResult<T>,
+        outcome: &str,
+    ) {
+        let outcome = match result {
+            Ok(_) => outcome,
+            Err(e) => error_kind(e),
+        };
+        self.metrics
+            .provider_call(op.as_str(), outcome, started.elapsed());
+    }
+
+    /// Waits until no other change to `node` is in progress and holds off new ones
+    /// until the guard is dropped.
+    pub async fn lock_node(&self, node: &str) -> NodeGuard {
+        let lock = {
+            let mut locks = self
+                .node_locks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Drop locks nobody holds or waits for, so the map does not grow with old nodes.
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+            locks.entry(node.to_owned()).or_default().clone()
+        };
+        NodeGuard {
+            node: node.to_owned(),
+            _guard: lock.lock_owned().await,
+        }
+    }
+
+    fn check_guard(guard: &NodeGuard, r: &domain::ComposableResource) -> ProviderResult<()> {
+        if guard.node == r.target_node {
+            Ok(())
+        } else {
+            Err(CallError::Instantiate(format!(
+                "internal error: change to node {} under the guard of node {}",
+                r.target_node, guard.node
+            )))
+        }
+    }
+
+    pub async fn add(
+        &self,
+        guard: &NodeGuard,
+        r: &domain::ComposableResource,
+    ) -> ProviderResult<AddOutcome> {
+        Self::check_guard(guard, r)?;
+        let started = Instant::now();
+        let result = self.inner.add_resource(r).await;
+        let outcome = match &result {
+            Ok(AddOutcome::InProgress(_)) => "in_progress",
+            _ => "ok",
+        };
+        self.record(Operation::Add, started, &result, outcome);
+        tracing::debug!(resource = %r.name, ?result, "provider add_resource");
+        result
+    }
+
+    pub async fn remove(
+        &self,
+        guard: &NodeGuard,
+        r: &domain::ComposableResource,
+    ) -> ProviderResult<RemoveOutcome> {
+        Self::check_guard(guard, r)?;
+        let started = Instant::now();
+        let result = self.inner.remove_resource(r).await;
+        let outcome = match &result {
+            Ok(RemoveOutcome::InProgress(_)) => "in_progress",
+            _ => "ok",
+        };
+        self.record(Operation::Remove, started, &result, outcome);
+        tracing::debug!(resource = %r.name, ?result, "provider remove_resource");
+        result
+    }
+
+    pub async fn check(&self, r: &domain::ComposableResource) -> ProviderResult<()> {
+        let started = Instant::now();
+        let result = self.inner.check_resource(r).await;
+        self.record(Operation::Check, started, &result, "ok");
+        result
+    }
+
+    pub async fn list(&self) -> ProviderResult<Vec<DeviceInfo>> {
+        let started = Instant::now();
+        let result = self.inner.get_resources().await;
+        self.record(Operation::List, started, &result, "ok");
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Records the most calls in flight at once.
+    #[derive(Default)]
+    struct Overlap {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+
+    impl DeviceProvider for Overlap {
+        fn add_resource<'a>(
+            &'a self,
+            _: &'a domain::ComposableResource,
+        ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+            Box::pin(async move {
+                let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                self.now.fetch_sub(1, Ordering::SeqCst);
+                Err(CallError::Provider(ProviderError::NoCapacity(
+                    "none".into(),
+                )))
+            })
+        }
+        fn remove_resource<'a>(
+            &'a self,
+            _: &'a domain::ComposableResource,
+        ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+            Box::pin(async { Ok(RemoveOutcome::Removed) })
+        }
+        fn check_resource<'a>(
+            &'a self,
+            _: &'a domain::ComposableResource,
+        ) -> BoxFuture<'a, ProviderResult<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+    }
+
+    fn resource(node: &str) -> domain::ComposableResource {
+        domain::ComposableResource {
+            name: format!("gpu-{node}"),
+            device_type: DeviceType::Gpu,
+            model: "A100".into(),
+            target_node: node.into(),
+            device_id: None,
+            fabric_device_id: None,
+            force_detach: false,
+        }
+    }
+
+    async fn max_overlap(nodes: [&str; 3]) -> (usize, String) {
+        let inner = Arc::new(Overlap::default());
+        let metrics = Arc::new(Metrics::new());
+        let p = InstrumentedProvider::new(inner.clone(), metrics.clone());
+        let calls = nodes.map(resource);
+        futures::future::join_all(calls.iter().map(|r| async {
+            let guard = p.lock_node(&r.target_node).await;
+            p.add(&guard, r).await
+        }))
+        .await;
+        (inner.max.load(Ordering::SeqCst), metrics.encode())
+    }
+
+    #[tokio::test]
+    async fn changes_on_one_node_are_serialized_and_counted() {
+        let (same, metrics) = max_overlap(["n1", "n1", "n1"]).await;
+        assert_eq!(same, 1);
+        assert!(metrics.contains(
+            "cro_provider_calls_total{operation=\"add_resource\",outcome=\"no_capacity\"} 3"
+        ));
+        let (spread, _) = max_overlap(["n1", "n2", "n3"]).await;
+        assert_eq!(spread, 3);
+    }
+}

@@ -1,0 +1,79 @@
+//! NodeAllocating: the plan of SPEC §3, written into `status.resources`.
+
+use cro_api::{ComposabilityRequest, RequestState, ScalarResourceStatus};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::mirror::{Entries, entry_of};
+use super::{Outcome, converge, resources_of, status_of};
+use crate::allocation;
+use crate::context::Context;
+use crate::patch;
+use crate::views;
+
+pub(super) async fn allocate(req: ComposabilityRequest, ctx: &Context) -> Outcome {
+    let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
+    let name = req.name_any();
+    let spec = req.spec.resource.clone();
+
+    let nodes = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let objects = resources_of(ctx, &name).await?;
+    let others = api.list(&ListParams::default()).await?.items;
+    let plan = allocation::plan(
+        &views::request_view(&spec),
+        &objects.iter().map(views::resource_view).collect::<Vec<_>>(),
+        &views::node_views(&nodes),
+        &views::samenode_nodes_of_others(&name, &others),
+    )?;
+
+    let mut entries = Entries::new();
+    for keep in &plan.keep {
+        if let Some(obj) = objects.iter().find(|o| o.name_any() == *keep) {
+            entries.insert(keep.clone(), entry_of(obj));
+        }
+    }
+    for node in &plan.create {
+        entries.insert(
+            spec.resource_type.new_resource_name(),
+            ScalarResourceStatus {
+                node_name: node.clone(),
+                ..ScalarResourceStatus::default()
+            },
+        );
+    }
+
+    let old = status_of(&req);
+    let mut new = old.clone();
+    new.state = RequestState::Updating;
+    new.error = String::new();
+    new.resources = entries;
+    new.scalar_resource = Some(spec);
+    let req = patch::replace_status(&api, &req, &old, &new).await?;
+
+    let summary = format!(
+        "keep {}, drop {}, create {}{}",
+        plan.keep.len(),
+        plan.drop.len(),
+        plan.create.len(),
+        if plan.create.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", plan.create.join(", "))
+        }
+    );
+    tracing::info!(request = %name, drop = ?plan.drop, %summary, "allocated");
+    ctx.event(
+        &req.object_ref(&()),
+        EventType::Normal,
+        "Allocated",
+        "Allocate",
+        summary,
+    )
+    .await;
+    converge::converge(req, ctx).await
+}

@@ -1,0 +1,130 @@
+//! Attaching: driver present, device from the fabric, ids stored, node sees it, Online.
+
+use cro_api::{ComposableResource, ResourceState, ResourceType};
+use cro_runtime::domain::AddOutcome;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{Outcome, exposure};
+use crate::context::Context;
+use crate::error::ReconcileError;
+use crate::nodeops::driver;
+use crate::patch;
+use crate::provider::{Operation, to_domain};
+use crate::reconcile::Step;
+
+pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let name = res.name_any();
+    let node = res.spec.target_node.clone();
+    let is_gpu = res.spec.resource_type == ResourceType::Gpu;
+    let poll = ctx.config.timings.poll_interval;
+
+    // A GPU without a driver on the node would be attached for nothing.
+    let driver = if is_gpu {
+        Some(driver::discover(&ctx.client, ctx.runner.as_ref(), &node).await?)
+    } else {
+        None
+    };
+
+    let mut res = res;
+    if res.device_id().is_none() {
+        // Held until the ids are stored: a detach on this node meanwhile must see them.
+        let guard = ctx.provider.lock_node(&node).await;
+        match ctx.provider.add(&guard, &to_domain(&res)).await {
+            Ok(AddOutcome::InProgress(what)) => {
+                tracing::info!(resource = %name, node = %node, what = %what, "attach in progress");
+                return Ok((Step::requeue(poll), Some(res)));
+            }
+            Ok(AddOutcome::Attached(device)) => {
+                // Stored before anything else can fail, and unconditionally: losing these
+                // ids would leak the device (until the upstream sync releases it).
+                let ids = json!({"device_id": device.device_id,
+                                 "cdi_device_id": device.fabric_device_id, "error": ""});
+                res = store_ids(&api, &res, ids).await?;
+                tracing::info!(resource = %name, node = %node, device = %device.device_id,
+                    fabric_device = %device.fabric_device_id, "attached by the fabric");
+                ctx.event(
+                    &res.object_ref(&()),
+                    EventType::Normal,
+                    "Attached",
+                    "Attach",
+                    format!(
+                        "the fabric attached device {} ({}) to node {node}",
+                        device.device_id, device.fabric_device_id
+                    ),
+                )
+                .await;
+            }
+            Err(e) => return Err(ReconcileError::provider(Operation::Add, e)),
+        }
+    }
+
+    if let Some(driver) = driver {
+        let uuid = res.device_id().unwrap_or_default().to_owned();
+        let seen = exposure::visible(ctx, &driver, &uuid).await?;
+        match (ctx.config.mode, seen) {
+            // The device plugin only reports GPUs the driver already lists.
+            (crate::nodeops::ExposureMode::DevicePlugin, true) => {
+                exposure::rescan(ctx, &driver, &name, true).await?;
+            }
+            (crate::nodeops::ExposureMode::DevicePlugin, false) => {
+                tracing::debug!(resource = %name, gpu = %uuid, "GPU not listed on the node yet");
+                return Ok((Step::requeue(poll), Some(res)));
+            }
+            (crate::nodeops::ExposureMode::Dra, true) => {}
+            (crate::nodeops::ExposureMode::Dra, false) => {
+                exposure::rescan(ctx, &driver, &name, true).await?;
+                return Ok((Step::requeue(poll), Some(res)));
+            }
+        }
+    }
+
+    let res = patch::status(
+        &api,
+        &res,
+        json!({"state": ResourceState::Online, "error": ""}),
+        true,
+    )
+    .await?;
+    ctx.forget_rescan(&name);
+    tracing::info!(resource = %name, node = %node, device = res.device_id().unwrap_or("?"), "online");
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Normal,
+        "Online",
+        "Attach",
+        format!(
+            "device {} is online on node {node}",
+            res.device_id().unwrap_or("?")
+        ),
+    )
+    .await;
+    Ok((Step::requeue(ctx.config.timings.health_period), Some(res)))
+}
+
+/// Writes the ids of a device the fabric just attached, retrying a few times over a few
+/// seconds: a passing API hiccup must not cost a device.
+async fn store_ids(
+    api: &Api<ComposableResource>,
+    res: &ComposableResource,
+    ids: serde_json::Value,
+) -> Result<ComposableResource, ReconcileError> {
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match patch::status(api, res, ids.clone(), false).await {
+            Ok(r) => return Ok(r),
+            Err(e) if attempt < 6 => {
+                tracing::warn!(resource = %res.name_any(), attempt, error = %e,
+                    "cannot store the device ids yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

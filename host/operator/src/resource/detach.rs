@@ -1,0 +1,206 @@
+//! Deletion: Detaching (idle check, taint, drain, fabric remove, wait until gone,
+//! untaint, ids cleared) → Deleting (finalizer removed).
+
+use cro_api::{ComposableResource, CroObjectExt, ResourceState, ResourceType};
+use cro_runtime::domain::RemoveOutcome;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{Outcome, exposure, node_exists};
+use crate::context::Context;
+use crate::error::ReconcileError;
+use crate::nodeops::{DrainOptions, ExposureMode, driver};
+use crate::patch;
+use crate::provider::{Operation, to_domain};
+use crate::reconcile::Step;
+
+pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    if !res.has_cro_finalizer() {
+        return Ok((Step::wait(), None));
+    }
+    let state = res.state();
+    if state == ResourceState::Deleting {
+        patch::remove_finalizer(&api, &res).await?;
+        return Ok((Step::wait(), None));
+    }
+    if res.device_id().is_none() {
+        // Nothing was attached (or the ids were already cleared after the detach).
+        let res = patch::status(
+            &api,
+            &res,
+            json!({"state": ResourceState::Deleting, "error": ""}),
+            true,
+        )
+        .await?;
+        patch::remove_finalizer(&api, &res).await?;
+        return Ok((Step::wait(), None));
+    }
+    let res = if state == ResourceState::Detaching {
+        res
+    } else {
+        let res =
+            patch::status(&api, &res, json!({"state": ResourceState::Detaching}), true).await?;
+        tracing::info!(resource = %res.name_any(), node = %res.spec.target_node,
+            device = res.device_id().unwrap_or("?"), "detaching");
+        ctx.event(
+            &res.object_ref(&()),
+            EventType::Normal,
+            "Detaching",
+            "Detach",
+            format!(
+                "detaching device {} from node {}",
+                res.device_id().unwrap_or("?"),
+                res.spec.target_node
+            ),
+        )
+        .await;
+        res
+    };
+    detaching(res, ctx).await
+}
+
+async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let name = res.name_any();
+    let node = res.spec.target_node.clone();
+    let poll = ctx.config.timings.poll_interval;
+    let uuid = res.device_id().unwrap_or_default().to_owned();
+
+    if !node_exists(ctx, &node).await? {
+        let message = format!("target node {node} not found");
+        if let Some(dra) = &ctx.dra {
+            dra.untaint(&ctx.client, &name).await?;
+        }
+        let res = patch::status(
+            &api,
+            &res,
+            json!({"state": ResourceState::Deleting, "error": message}),
+            false,
+        )
+        .await?;
+        ctx.event(
+            &res.object_ref(&()),
+            EventType::Warning,
+            "NodeGone",
+            "Detach",
+            &message,
+        )
+        .await;
+        patch::remove_finalizer(&api, &res).await?;
+        return Ok((Step::wait(), None));
+    }
+
+    let driver = if res.spec.resource_type == ResourceType::Gpu {
+        Some(driver::discover(&ctx.client, ctx.runner.as_ref(), &node).await?)
+    } else {
+        None
+    };
+
+    // Held through the fabric call: an attach on this node meanwhile could be handed
+    // this very device back, and must store its ids before the check below runs.
+    let guard = ctx.provider.lock_node(&node).await;
+    if let Some(other) = holder_elsewhere(ctx, &name, &uuid).await? {
+        // This detach finished before a crash kept it from being recorded, and the
+        // fabric has since given the device to another resource: nothing is left to do.
+        tracing::warn!(resource = %name, device = %uuid, holder = %other,
+            "device already detached and now held by another resource");
+        drop(guard);
+        return finish(res, ctx, &uuid).await;
+    }
+
+    if let Some(driver) = &driver
+        && ctx.gpu.is_listed(driver, &uuid).await?
+    {
+        // A GPU already gone from the node (drained, or removed before a crash) needs
+        // neither the idle check nor the drain.
+        if !res.spec.force_detach {
+            ctx.gpu.ensure_idle(driver, &uuid, ctx.config.mode).await?;
+        }
+        if let Some(dra) = &ctx.dra
+            && ctx.config.mode == ExposureMode::Dra
+            && let Some(device) = dra.find_device(&ctx.client, &uuid).await?
+        {
+            dra.taint(&ctx.client, &name, &uuid, &device).await?;
+        }
+        ctx.gpu
+            .drain(
+                driver,
+                &uuid,
+                DrainOptions {
+                    mode: ctx.config.mode,
+                    force: res.spec.force_detach,
+                },
+            )
+            .await?;
+    }
+
+    match ctx.provider.remove(&guard, &to_domain(&res)).await {
+        Ok(RemoveOutcome::InProgress(what)) => {
+            tracing::info!(resource = %name, node = %node, what = %what, "detach in progress");
+            return Ok((Step::requeue(poll), Some(res)));
+        }
+        Ok(RemoveOutcome::Removed) => {}
+        Err(e) => return Err(ReconcileError::provider(Operation::Remove, e)),
+    }
+    drop(guard);
+
+    if let Some(driver) = &driver {
+        let still_seen = exposure::visible(ctx, driver, &uuid).await?;
+        if still_seen || ctx.config.mode == ExposureMode::DevicePlugin {
+            exposure::rescan(ctx, driver, &name, false).await?;
+        }
+        if still_seen {
+            tracing::debug!(resource = %name, gpu = %uuid, "GPU still visible after the detach");
+            return Ok((Step::requeue(poll), Some(res)));
+        }
+    }
+    finish(res, ctx, &uuid).await
+}
+
+/// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
+async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let name = res.name_any();
+    let node = res.spec.target_node.clone();
+    if let Some(dra) = &ctx.dra {
+        dra.untaint(&ctx.client, &name).await?;
+    }
+    let res = patch::status(
+        &api,
+        &res,
+        json!({"state": ResourceState::Deleting, "device_id": "", "cdi_device_id": "", "error": ""}),
+        true,
+    )
+    .await?;
+    ctx.forget_rescan(&name);
+    tracing::info!(resource = %name, node = %node, device = %uuid, "detached");
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Normal,
+        "Detached",
+        "Detach",
+        format!("device {uuid} detached from node {node}"),
+    )
+    .await;
+    patch::remove_finalizer(&api, &res).await?;
+    Ok((Step::wait(), None))
+}
+
+/// Another ComposableResource whose status holds `device`, if any.
+async fn holder_elsewhere(
+    ctx: &Context,
+    me: &str,
+    device: &str,
+) -> Result<Option<String>, ReconcileError> {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|r| r.name_any() != me && r.device_id() == Some(device))
+        .map(|r| r.name_any()))
+}

@@ -1,0 +1,192 @@
+//! The ComposableResource controller (SPEC §4): one device from the fabric to Online on
+//! its node, and back.
+//!
+//! Every reconciliation starts from a fresh read of the object (not the watch cache),
+//! so a provider call is never made on stale ids, and every step can be repeated: a
+//! crash anywhere is finished by the next reconciliation.
+
+mod attach;
+mod detach;
+mod exposure;
+
+use std::sync::Arc;
+
+use cro_api::{ComposableResource, CroObjectExt, ResourceState};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::ReconcileError;
+use crate::patch;
+use crate::provider::to_domain;
+use crate::reconcile::{self, Step};
+
+pub const CONTROLLER: &str = "composableresource";
+
+pub(crate) type Outcome = Result<(Step, Option<ComposableResource>), ReconcileError>;
+
+fn status_error(r: &ComposableResource) -> &str {
+    r.status.as_ref().map(|s| s.error.as_str()).unwrap_or("")
+}
+
+pub async fn reconcile(
+    obj: Arc<ComposableResource>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let Some(fresh) = api.get_opt(&obj.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    reconcile::run(CONTROLLER, &ctx, fresh, status_error, |r| step(r, &ctx)).await
+}
+
+async fn step(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    if res.is_being_deleted() {
+        return detach::on_delete(res, ctx).await;
+    }
+    let res = patch::add_finalizer(&api, &res).await?;
+    if !node_exists(ctx, &res.spec.target_node).await? {
+        return collect_garbage(res, ctx).await;
+    }
+    match res.state() {
+        ResourceState::Empty => start(res, ctx).await,
+        ResourceState::Attaching => attach::attaching(res, ctx).await,
+        ResourceState::Online => online(res, ctx).await,
+        // Only deletion leads to these states; finish what was started.
+        ResourceState::Detaching | ResourceState::Deleting => {
+            patch::delete(&api, &res.name_any()).await?;
+            Ok((Step::wait(), Some(res)))
+        }
+        ResourceState::Unknown(s) => Err(ReconcileError::Invalid(format!(
+            "unknown state {s:?} in status.state"
+        ))),
+    }
+}
+
+pub(crate) async fn node_exists(ctx: &Context, node: &str) -> Result<bool, ReconcileError> {
+    if node.is_empty() {
+        return Ok(false);
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    Ok(nodes.get_opt(node).await?.is_some())
+}
+
+/// A new resource: an orphaned device starts Online with its ids (and is deleted
+/// from there, which detaches it); any other starts Attaching.
+async fn start(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    if let Some(orphan) = res.ready_to_detach() {
+        let res = patch::status(
+            &api,
+            &res,
+            json!({"state": ResourceState::Online, "device_id": orphan.device_id,
+                   "cdi_device_id": orphan.cdi_device_id, "error": ""}),
+            true,
+        )
+        .await?;
+        return online(res, ctx).await;
+    }
+    let res = patch::status(
+        &api,
+        &res,
+        json!({"state": ResourceState::Attaching, "error": ""}),
+        true,
+    )
+    .await?;
+    attach::attaching(res, ctx).await
+}
+
+/// Online: orphans delete themselves; others are health-checked every period.
+async fn online(res: ComposableResource, ctx: &Context) -> Outcome {
+    if res.ready_to_detach().is_some() {
+        let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+        ctx.event(
+            &res.object_ref(&()),
+            EventType::Normal,
+            "ReleasingOrphan",
+            "Detach",
+            format!(
+                "device {} is held by no request: detaching it",
+                res.device_id().unwrap_or("?")
+            ),
+        )
+        .await;
+        patch::delete(&api, &res.name_any()).await?;
+        return Ok((Step::wait(), None));
+    }
+    let health = match ctx.provider.check(&to_domain(&res)).await {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    Ok((
+        Step::requeue(ctx.config.timings.health_period).with_error(health),
+        Some(res),
+    ))
+}
+
+/// The target node is gone: nothing can be drained or verified there any more.
+async fn collect_garbage(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let message = format!("target node {} not found", res.spec.target_node);
+    if let Some(dra) = &ctx.dra {
+        dra.untaint(&ctx.client, &res.name_any()).await?;
+    }
+    let res = patch::status(
+        &api,
+        &res,
+        json!({"state": ResourceState::Deleting, "error": message}),
+        false,
+    )
+    .await?;
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Warning,
+        "NodeGone",
+        "GarbageCollect",
+        &message,
+    )
+    .await;
+    patch::delete(&api, &res.name_any()).await?;
+    Ok((Step::wait(), None))
+}
+
+/// Builds the controller: resources, plus Nodes so that a node's removal reaches the
+/// devices on it at once.
+pub fn controller(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> impl futures::Future<Output = ()> {
+    let client = ctx.client.clone();
+    let resources: Api<ComposableResource> = Api::all(client.clone());
+    let controller = Controller::new(resources, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            move |node: Node| {
+                let name = node.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.spec.target_node == name)
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(controller = CONTROLLER, error = %e, "reconcile did not finish");
+            }
+        })
+}

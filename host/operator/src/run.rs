@@ -1,0 +1,267 @@
+//! Starting the operator: probes, webhook, leader election, the two controllers and the
+//! upstream sync, until shutdown or loss of leadership.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use cro_api::ComposabilityRequest;
+use cro_runtime::cluster::KubeCluster;
+use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use kube::api::{Api, ListParams};
+
+use crate::config::{OperatorConfig, ProviderSource};
+use crate::context::Context;
+use crate::error::OperatorError;
+use crate::metrics::Metrics;
+use crate::nodeops::dra::DraApis;
+use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
+use crate::probes::{ProbeServer, Readiness};
+use crate::provider::DeviceProvider;
+use crate::webhook::{WebhookServer, WebhookTls};
+use crate::{compat, leader, request, resource, sync};
+
+/// A shutdown signal many tasks can wait on (Sync, as kube's controllers require).
+type Signal = Shared<BoxFuture<'static, ()>>;
+
+fn signal() -> (futures::channel::oneshot::Sender<()>, Signal) {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    (tx, rx.map(|_| ()).boxed().shared())
+}
+
+/// The operator with its parts chosen: tests give it their own client, provider and
+/// command runner; [`run`] gives it the real ones.
+pub struct Operator {
+    client: kube::Client,
+    provider: Arc<dyn DeviceProvider>,
+    runner: Arc<dyn CommandRunner>,
+    config: OperatorConfig,
+    metrics: Arc<Metrics>,
+    ready: Arc<Readiness>,
+    webhook: Option<WebhookServer>,
+    probes: Option<ProbeServer>,
+}
+
+impl Operator {
+    pub fn new(
+        client: kube::Client,
+        provider: Arc<dyn DeviceProvider>,
+        runner: Arc<dyn CommandRunner>,
+        config: OperatorConfig,
+    ) -> Self {
+        Self {
+            client,
+            provider,
+            runner,
+            config,
+            metrics: Arc::new(Metrics::new()),
+            ready: Arc::new(Readiness::default()),
+            webhook: None,
+            probes: None,
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn readiness(&self) -> Arc<Readiness> {
+        self.ready.clone()
+    }
+
+    /// Binds the listeners of the configuration now (so their addresses are known
+    /// before [`Operator::run_until`]); returns the bound addresses (probes, webhook).
+    pub async fn bind(
+        &mut self,
+    ) -> Result<(Option<std::net::SocketAddr>, Option<std::net::SocketAddr>), OperatorError> {
+        if self.probes.is_none()
+            && let Some(addr) = self.config.metrics_addr
+        {
+            self.probes = Some(ProbeServer::bind(addr).await?);
+        }
+        if self.webhook.is_none()
+            && let Some(w) = &self.config.webhook
+        {
+            let tls = WebhookTls::from_files(&w.cert_file, &w.key_file)?;
+            self.webhook = Some(WebhookServer::bind(w.addr, tls).await?);
+        }
+        let probes = self.probes.as_ref().map(|p| p.local_addr()).transpose()?;
+        let webhook = self.webhook.as_ref().map(|w| w.local_addr()).transpose()?;
+        Ok((probes, webhook))
+    }
+
+    /// Runs until `shutdown` resolves (Ok) or the operator cannot go on (Err: lost
+    /// leadership, a listener failed, the CRDs are missing).
+    pub async fn run_until(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), OperatorError> {
+        self.bind().await?;
+        let crd_probe: Api<ComposabilityRequest> = Api::all(self.client.clone());
+        if let Err(e) = crd_probe.list(&ListParams::default().limit(1)).await {
+            return Err(match e {
+                kube::Error::Api(ae) if ae.code == 404 => OperatorError::MissingCrds(ae.message),
+                other => OperatorError::Kube(other),
+            });
+        }
+        let dra = match self.config.mode {
+            ExposureMode::DevicePlugin => None,
+            ExposureMode::Dra => Some(
+                DraApis::discover(&self.client)
+                    .await
+                    .map_err(|e| OperatorError::Config(e.to_string()))?,
+            ),
+        };
+
+        let (stop_tx, stop) = signal();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut background = tokio::task::JoinSet::new();
+        if let Some(probes) = self.probes.take() {
+            let (m, r, s) = (self.metrics.clone(), self.ready.clone(), stop.clone());
+            background.spawn(async move { probes.serve(m, r, s).await.map(|()| "probes") });
+        }
+        if let Some(webhook) = self.webhook.take() {
+            let (c, m, s) = (self.client.clone(), self.metrics.clone(), stop.clone());
+            background.spawn(async move {
+                webhook.serve(c, m, s).await;
+                Ok("webhook")
+            });
+        }
+        // A standby serves probes and the webhook: it is ready, just not leading.
+        self.ready.set(true);
+
+        let leadership = match self.config.leader_election.clone() {
+            None => None,
+            Some(le) => {
+                let metrics = self.metrics.clone();
+                let acquired = leader::acquire(self.client.clone(), le, move |leading| {
+                    metrics.set_leader(leading)
+                });
+                tokio::select! {
+                    l = acquired => Some(l?),
+                    () = &mut shutdown => {
+                        let _ = stop_tx.send(());
+                        while background.join_next().await.is_some() {}
+                        return Ok(());
+                    }
+                }
+            }
+        };
+
+        let ctx = Arc::new(Context::new(
+            self.client.clone(),
+            self.provider.clone(),
+            self.runner.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+            dra,
+        ));
+        // A JoinSet aborts its tasks when dropped: if this future is dropped (the
+        // process is going down), no controller keeps running on its own.
+        let mut workers = tokio::task::JoinSet::new();
+        workers.spawn(request::controller(ctx.clone(), stop.clone()));
+        workers.spawn(resource::controller(ctx.clone(), stop.clone()));
+        let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
+        workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
+        tracing::info!(mode = ?self.config.mode, "operator running");
+
+        let mut leadership = leadership;
+        let outcome = {
+            let lost = async {
+                match leadership.as_mut() {
+                    Some(l) => l.lost().await,
+                    None => futures::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut shutdown => Ok(()),
+                () = lost => Err(OperatorError::Leadership("lost the leader Lease".into())),
+                Some(ended) = background.join_next() => match ended {
+                    Ok(Ok(what)) => Err(OperatorError::Stopped(what)),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) => Err(OperatorError::Config(format!("a server task failed: {e}"))),
+                },
+            }
+        };
+        self.ready.set(false);
+        let _ = stop_tx.send(());
+        while workers.join_next().await.is_some() {}
+        while background.join_next().await.is_some() {}
+        if let Some(l) = leadership {
+            l.release().await;
+        }
+        tracing::info!(?outcome, "operator stopped");
+        outcome
+    }
+}
+
+/// Loads the provider the configuration names: a spec file, or the Go operator's
+/// environment for the shipped FTI component.
+pub async fn load_provider(
+    config: &OperatorConfig,
+    client: kube::Client,
+) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
+    let spec = match &config.provider {
+        ProviderSource::SpecFile(path) => {
+            ProviderSpec::from_file(path).map_err(|e| OperatorError::Provider(e.to_string()))?
+        }
+        ProviderSource::GoEnvironment => compat::fti_spec_from_env(|k| std::env::var(k).ok())
+            .map_err(|e| OperatorError::Provider(e.to_string()))?
+            .ok_or_else(|| {
+                OperatorError::Config(
+                    "no provider: set CRO_PROVIDER_SPEC (--provider-spec) or CDI_PROVIDER_TYPE"
+                        .into(),
+                )
+            })?,
+    };
+    let runtime = Runtime::new(RuntimeOptions::default())
+        .map_err(|e| OperatorError::Provider(e.to_string()))?;
+    let provider = runtime
+        .load(&spec, Arc::new(KubeCluster::new(client)))
+        .await
+        .map_err(|e| OperatorError::Provider(e.to_string()))?;
+    tracing::info!(provider = provider.name(), "provider loaded");
+    Ok(Arc::new(provider))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            futures::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                futures::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = futures::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// What `cro run` calls: the in-cluster (or kubeconfig) client, the configured provider,
+/// commands through `pods/exec`; runs until SIGINT/SIGTERM.
+pub async fn run(config: OperatorConfig) -> Result<(), OperatorError> {
+    // kube's rustls needs a process-wide provider; ring is the one this project builds.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = kube::Client::try_default().await?;
+    let provider = load_provider(&config, client.clone()).await?;
+    let runner = Arc::new(KubeExecRunner::new(client.clone()));
+    Operator::new(client, provider, runner, config)
+        .run_until(shutdown_signal())
+        .await
+}

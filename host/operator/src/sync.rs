@@ -1,0 +1,242 @@
+//! Upstream sync (SPEC §5): devices the fabric has attached to the cluster's machines
+//! that no ComposableResource holds are tracked, and after a grace period released
+//! through a ready-to-detach ComposableResource.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use cro_api::{ComposableResource, ComposableResourceSpec, FINALIZER, ReadyToDetach, ResourceType};
+use cro_runtime::domain::{DeviceInfo, DeviceType};
+use kube::api::{Api, ListParams, PostParams};
+
+use crate::context::Context;
+use crate::error::ReconcileError;
+use crate::provider::Operation;
+
+/// Unclaimed devices by device id, with when they were first seen unclaimed.
+#[derive(Debug, Default)]
+pub struct OrphanTracker {
+    seen: BTreeMap<String, (DeviceInfo, Instant)>,
+}
+
+impl OrphanTracker {
+    /// Updates the tracking with what the fabric reports now and which ids resources
+    /// hold; returns the devices unclaimed for at least `grace`, and stops tracking them
+    /// (the caller creates their resources, which claim them).
+    pub fn observe(
+        &mut self,
+        reported: Vec<DeviceInfo>,
+        claimed: &BTreeSet<String>,
+        now: Instant,
+        grace: Duration,
+    ) -> Vec<DeviceInfo> {
+        let reported: BTreeMap<String, DeviceInfo> = reported
+            .into_iter()
+            .filter(|d| !d.device_id.is_empty())
+            .map(|d| (d.device_id.clone(), d))
+            .collect();
+        self.seen
+            .retain(|id, _| reported.contains_key(id) && !claimed.contains(id));
+        let mut due = Vec::new();
+        for (id, device) in reported {
+            if claimed.contains(&id) {
+                continue;
+            }
+            let first = self
+                .seen
+                .entry(id.clone())
+                .or_insert_with(|| (device.clone(), now))
+                .1;
+            if now.saturating_duration_since(first) >= grace {
+                self.seen.remove(&id);
+                due.push(device);
+            }
+        }
+        due
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+/// Device ids held by any ComposableResource: its status ids and its ready-to-detach
+/// label (a resource created for an orphan holds the device before it has a status).
+pub fn claimed_ids(resources: &[ComposableResource]) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for r in resources {
+        if let Some(id) = r.device_id() {
+            ids.insert(id.to_owned());
+        }
+        if let Some(orphan) = r.ready_to_detach() {
+            ids.insert(orphan.device_id);
+        }
+    }
+    ids
+}
+
+fn resource_type(t: DeviceType) -> ResourceType {
+    match t {
+        DeviceType::Gpu => ResourceType::Gpu,
+        DeviceType::CxlMemory => ResourceType::CxlMemory,
+    }
+}
+
+/// The ComposableResource that detaches an orphaned device. No force_detach: work
+/// someone started on a device nobody requested is still not killed.
+pub fn orphan_resource(device: &DeviceInfo) -> ComposableResource {
+    let mut r = ComposableResource::for_orphan_device(
+        ComposableResourceSpec {
+            resource_type: resource_type(device.device_type),
+            model: device.model.clone(),
+            target_node: device.node.clone(),
+            force_detach: false,
+        },
+        &ReadyToDetach {
+            device_id: device.device_id.clone(),
+            cdi_device_id: device.fabric_device_id.clone(),
+        },
+    );
+    r.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+    r
+}
+
+/// One round: ask the fabric, compare, release what is due.
+pub async fn sync_once(
+    ctx: &Context,
+    tracker: &mut OrphanTracker,
+) -> Result<usize, ReconcileError> {
+    let reported = ctx
+        .provider
+        .list()
+        .await
+        .map_err(|e| ReconcileError::provider(Operation::List, e))?;
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let resources = api.list(&ListParams::default()).await?.items;
+    let due = tracker.observe(
+        reported,
+        &claimed_ids(&resources),
+        Instant::now(),
+        ctx.config.timings.orphan_grace,
+    );
+    ctx.metrics.set_orphans(tracker.tracked());
+    let mut released = 0;
+    for device in due {
+        if device.node.is_empty() {
+            tracing::warn!(device = %device.device_id, machine = %device.machine_id,
+                "orphaned device on a machine without a node: left alone");
+            continue;
+        }
+        let obj = orphan_resource(&device);
+        api.create(&PostParams::default(), &obj).await?;
+        released += 1;
+        ctx.metrics.orphan_released();
+        tracing::warn!(device = %device.device_id, node = %device.node,
+            resource = ?obj.metadata.name, "releasing a device no ComposableResource holds");
+    }
+    Ok(released)
+}
+
+/// Runs rounds every sync period until `shutdown` resolves. Errors are logged and
+/// counted; the next round tries again.
+pub async fn run(ctx: &Context, shutdown: impl std::future::Future<Output = ()>) {
+    let mut tracker = OrphanTracker::default();
+    let mut tick = tokio::time::interval(ctx.config.timings.sync_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut shutdown => return,
+        }
+        let started = Instant::now();
+        let result = sync_once(ctx, &mut tracker).await;
+        let kind = result.as_ref().err().map(ReconcileError::kind);
+        ctx.metrics
+            .reconciled("upstream-sync", kind, started.elapsed());
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "upstream sync failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(id: &str) -> DeviceInfo {
+        DeviceInfo {
+            node: "n1".into(),
+            machine_id: "m1".into(),
+            device_type: DeviceType::Gpu,
+            model: "A100".into(),
+            device_id: id.into(),
+            fabric_device_id: format!("f-{id}"),
+        }
+    }
+
+    #[test]
+    fn devices_are_released_only_after_the_grace_period() {
+        let grace = Duration::from_secs(600);
+        let t0 = Instant::now();
+        let mut t = OrphanTracker::default();
+        let claimed: BTreeSet<String> = ["GPU-held".to_string()].into();
+        let due = t.observe(
+            vec![device("GPU-held"), device("GPU-x")],
+            &claimed,
+            t0,
+            grace,
+        );
+        assert!(due.is_empty());
+        assert_eq!(t.tracked(), 1);
+        let due = t.observe(
+            vec![device("GPU-x")],
+            &claimed,
+            t0 + Duration::from_secs(599),
+            grace,
+        );
+        assert!(due.is_empty());
+        let due = t.observe(vec![device("GPU-x")], &claimed, t0 + grace, grace);
+        assert_eq!(due, vec![device("GPU-x")]);
+        assert_eq!(t.tracked(), 0);
+    }
+
+    #[test]
+    fn tracking_stops_when_claimed_or_gone() {
+        let grace = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut t = OrphanTracker::default();
+        t.observe(vec![device("a"), device("b")], &BTreeSet::new(), t0, grace);
+        assert_eq!(t.tracked(), 2);
+        // a is claimed, b no longer reported.
+        let claimed: BTreeSet<String> = ["a".to_string()].into();
+        t.observe(
+            vec![device("a")],
+            &claimed,
+            t0 + Duration::from_secs(5),
+            grace,
+        );
+        assert_eq!(t.tracked(), 0);
+        // b reappearing starts a new grace period.
+        let due = t.observe(
+            vec![device("b")],
+            &BTreeSet::new(),
+            t0 + Duration::from_secs(11),
+            grace,
+        );
+        assert!(due.is_empty());
+        assert_eq!(t.tracked(), 1);
+    }
+
+    #[test]
+    fn orphan_resources_hold_the_device_by_label() {
+        let r = orphan_resource(&device("GPU-o"));
+        assert_eq!(
+            claimed_ids(std::slice::from_ref(&r)),
+            ["GPU-o".to_string()].into()
+        );
+        assert_eq!(r.spec.target_node, "n1");
+        assert!(!r.spec.force_detach);
+        assert_eq!(r.ready_to_detach().unwrap().cdi_device_id, "f-GPU-o");
+    }
+}

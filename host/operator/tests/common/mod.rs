@@ -1,0 +1,493 @@
+//! An environment for end-to-end tests: a real API server (kube-harness), the fabric
+//! simulator, the real FTI component in the host runtime, and the operator. The only
+//! stand-in is the node command runner ([`nodes::SimNodes`]).
+
+#![allow(dead_code)]
+
+pub mod dra;
+pub mod nodes;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cro_api::{
+    ComposabilityRequest, ComposabilityRequestSpec, ComposableResource, LABEL_MANAGED_BY,
+    ResourceType, ScalarResourceDetails,
+};
+use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
+use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
+use cro_runtime::cluster::KubeCluster;
+use cro_runtime::{Runtime, RuntimeOptions};
+use fabric_sim::{FabricSim, SimConfig};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use kube_harness::Harness;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use nodes::SimNodes;
+
+pub const MODEL: &str = "NVIDIA-A100-PCIE-40GB";
+pub const OPERATOR_NS: &str = "composable-resource-operator-system";
+pub const GPU_NS: &str = "gpu-operator";
+/// How long anything in these tests may take to converge on a loaded 2-core machine.
+pub const CONVERGE: Duration = Duration::from_secs(90);
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "cro_operator=info,kube=warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Polls `check` until it returns Some, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn fast_timings() -> Timings {
+    Timings {
+        sync_period: Duration::from_millis(500),
+        orphan_grace: Duration::from_secs(3600),
+        health_period: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(200),
+        rescan_interval: Duration::from_secs(1),
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(2),
+    }
+}
+
+/// The operator task and the sender that stops it.
+type Running = (
+    JoinHandle<Result<(), OperatorError>>,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+pub struct Env {
+    pub harness: Harness,
+    pub client: Client,
+    pub sim: FabricSim,
+    pub nodes: SimNodes,
+    pub provider: Arc<dyn DeviceProvider>,
+    pub config: OperatorConfig,
+    operator: Option<Running>,
+    pub api: FabricApi,
+    /// The metrics of the operator started last.
+    pub metrics: Option<Arc<cro_operator::metrics::Metrics>>,
+    _ca_file: tempfile::NamedTempFile,
+}
+
+impl Env {
+    pub async fn start() -> Env {
+        Self::start_with(Harness::builder(), FabricApi::Fm).await
+    }
+
+    pub async fn start_with(builder: kube_harness::HarnessBuilder, api: FabricApi) -> Env {
+        init_tracing();
+        let builder = match api {
+            FabricApi::Fm => builder,
+            FabricApi::Cm => builder
+                .crd(openshift_crd(
+                    "machine.openshift.io",
+                    "v1beta1",
+                    "Machine",
+                    "machines",
+                    "Namespaced",
+                ))
+                .crd(openshift_crd(
+                    "metal3.io",
+                    "v1alpha1",
+                    "BareMetalHost",
+                    "baremetalhosts",
+                    "Namespaced",
+                )),
+        };
+        let harness = builder.start().await.expect("API server");
+        let client = harness.client().unwrap();
+        let sim = FabricSim::start(SimConfig::default()).unwrap();
+
+        for ns in [OPERATOR_NS, GPU_NS] {
+            let api: Api<Namespace> = Api::all(client.clone());
+            let obj = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &obj).await.unwrap();
+        }
+        let creds = sim.credentials();
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(compat::CREDENTIALS_SECRET.into()),
+                namespace: Some(OPERATOR_NS.into()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([
+                ("username".to_string(), creds.username.clone()),
+                ("password".to_string(), creds.password.clone()),
+                ("client_id".to_string(), creds.client_id.clone()),
+                ("client_secret".to_string(), creds.client_secret.clone()),
+                ("realm".to_string(), sim.realm().to_string()),
+            ])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), OPERATOR_NS)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+
+        // The provider spec comes from the Go operator's environment, as in a migrated
+        // deployment.
+        let ca_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(ca_file.path(), sim.ca_pem()).unwrap();
+        let component = cro_test_support::component("fti-provider");
+        let mut env: BTreeMap<&str, String> = BTreeMap::from([
+            ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
+            ("FTI_CDI_API_TYPE", api.as_str().to_string()),
+            ("FTI_CDI_ENDPOINT", sim.endpoint()),
+            ("FTI_CDI_TENANT_ID", sim.tenant_id().to_string()),
+            ("CRO_FTI_CA_FILE", ca_file.path().display().to_string()),
+            ("CRO_FTI_COMPONENT", component.display().to_string()),
+        ]);
+        if api == FabricApi::Cm {
+            env.insert("FTI_CDI_CLUSTER_ID", sim.cluster_id().to_string());
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(MACHINE_NS.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &ns)
+                .await
+                .unwrap();
+        }
+        let spec = compat::fti_spec_from_env(|k| env.get(k).cloned())
+            .unwrap()
+            .unwrap();
+        let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
+        let provider = runtime
+            .load(&spec, Arc::new(KubeCluster::new(client.clone())))
+            .await
+            .unwrap();
+
+        let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
+        config.timings = fast_timings();
+        Env {
+            nodes: SimNodes::new(sim.clone()),
+            harness,
+            client,
+            sim,
+            provider: Arc::new(provider),
+            config,
+            operator: None,
+            api,
+            metrics: None,
+            _ca_file: ca_file,
+        }
+    }
+
+    /// A worker node backed by a simulator machine, with a Running and Ready NVIDIA
+    /// driver pod on it (no kubelet: the test writes the pod's status).
+    pub async fn add_node(&self, name: &str, cpu: &str) -> String {
+        let machine = uuid::Uuid::new_v4().to_string();
+        self.sim.add_machine(&machine, name);
+        self.nodes.add_node(name, &machine);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node: Node = match self.api {
+            FabricApi::Fm => serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                "spec": {"providerID": format!("fsas-cdi://{machine}")},
+            })),
+            // OpenShift: Node → Machine → BareMetalHost → fabric machine uuid.
+            FabricApi::Cm => {
+                self.openshift_machine(name, &machine).await;
+                serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"},
+                        "annotations": {"machine.openshift.io/machine": format!("{MACHINE_NS}/{name}-machine")}},
+                }))
+            }
+        }
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let allocatable: BTreeMap<String, Quantity> = [
+            ("cpu", cpu),
+            ("memory", "64Gi"),
+            ("ephemeral-storage", "100Gi"),
+            ("pods", "110"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect();
+        nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"status": {"allocatable": allocatable, "capacity": allocatable}}),
+                ),
+            )
+            .await
+            .unwrap();
+
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), GPU_NS);
+        let pod_name = format!("nvidia-driver-daemonset-{name}");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+            "spec": {"nodeName": name, "containers": [{"name": "nvidia-driver-ctr", "image": "nvcr.io/nvidia/driver:550"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        pods.patch_status(
+            &pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+        machine
+    }
+
+    async fn openshift_machine(&self, node: &str, machine_uuid: &str) {
+        let dynamic = |group: &str, version: &str, kind: &str, plural: &str| {
+            let gvk = GroupVersionKind::gvk(group, version, kind);
+            Api::<DynamicObject>::namespaced_with(
+                self.client.clone(),
+                MACHINE_NS,
+                &ApiResource::from_gvk_with_plural(&gvk, plural),
+            )
+        };
+        let machines = dynamic("machine.openshift.io", "v1beta1", "Machine", "machines");
+        let hosts = dynamic("metal3.io", "v1alpha1", "BareMetalHost", "baremetalhosts");
+        let machine: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine",
+            "metadata": {"name": format!("{node}-machine"), "namespace": MACHINE_NS,
+                "annotations": {"metal3.io/BareMetalHost": format!("{MACHINE_NS}/{node}-bmh")}},
+        }))
+        .unwrap();
+        machines
+            .create(&PostParams::default(), &machine)
+            .await
+            .unwrap();
+        let host: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": format!("{node}-bmh"), "namespace": MACHINE_NS,
+                "annotations": {"cluster-manager.cdi.io/machine": machine_uuid}},
+        }))
+        .unwrap();
+        hosts.create(&PostParams::default(), &host).await.unwrap();
+    }
+
+    pub async fn delete_node(&self, name: &str) {
+        Api::<Node>::all(self.client.clone())
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Starts the operator; returns the bound probe and webhook addresses (if configured).
+    pub async fn start_operator(
+        &mut self,
+    ) -> (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>) {
+        assert!(self.operator.is_none(), "operator already running");
+        let mut operator = Operator::new(
+            self.client.clone(),
+            self.provider.clone(),
+            Arc::new(self.nodes.clone()),
+            self.config.clone(),
+        );
+        let addrs = operator.bind().await.expect("listeners");
+        self.metrics = Some(operator.metrics());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(operator.run_until(async {
+            let _ = rx.await;
+        }));
+        self.operator = Some((task, tx));
+        addrs
+    }
+
+    /// Stops the operator gracefully and returns how it ended.
+    pub async fn stop_operator(&mut self) -> Result<(), OperatorError> {
+        let (task, tx) = self.operator.take().expect("operator running");
+        let _ = tx.send(());
+        task.await.expect("operator task")
+    }
+
+    /// Waits until the operator ends by itself and returns how.
+    pub async fn operator_exit(&mut self, timeout: Duration) -> Result<(), OperatorError> {
+        let (task, tx) = self.operator.take().expect("operator running");
+        let ended = tokio::time::timeout(timeout, task)
+            .await
+            .expect("the operator did not stop")
+            .expect("operator task");
+        drop(tx);
+        ended
+    }
+
+    /// Kills the operator: its task is aborted wherever it is.
+    pub async fn kill_operator(&mut self) {
+        if let Some((task, _tx)) = self.operator.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    pub fn requests(&self) -> Api<ComposabilityRequest> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn resources(&self) -> Api<ComposableResource> {
+        Api::all(self.client.clone())
+    }
+
+    pub async fn create_request(&self, name: &str, details: ScalarResourceDetails) {
+        let req = ComposabilityRequest::new(name, ComposabilityRequestSpec { resource: details });
+        self.requests()
+            .create(&PostParams::default(), &req)
+            .await
+            .unwrap();
+    }
+
+    pub async fn set_request(&self, name: &str, details: &ScalarResourceDetails) {
+        self.requests()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"resource": details}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn resources_of(&self, request: &str) -> Vec<ComposableResource> {
+        self.resources()
+            .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={request}")))
+            .await
+            .unwrap()
+            .items
+    }
+
+    pub async fn request(&self, name: &str) -> Option<ComposabilityRequest> {
+        self.requests().get_opt(name).await.unwrap()
+    }
+
+    /// Gpu serials the simulator has attached to `machine` now.
+    pub fn gpus_on(&self, machine: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .sim
+            .machine_devices(machine)
+            .into_iter()
+            .map(|d| d.serial)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Waits until the request is Running with `size` Online devices.
+    pub async fn wait_running(&self, name: &str, size: usize) -> ComposabilityRequest {
+        eventually(
+            &format!("{name} Running with {size} devices"),
+            CONVERGE,
+            || async {
+                let r = self.request(name).await?;
+                let s = r.status.as_ref()?;
+                (s.state == cro_api::RequestState::Running
+                    && s.scalar_resource.as_ref() == Some(&r.spec.resource)
+                    && s.resources.len() == size
+                    && self.resources_of(name).await.len() == size)
+                    .then_some(r)
+            },
+        )
+        .await
+    }
+
+    /// Asserts the runner saw only commands it knows.
+    pub fn assert_known_commands(&self) {
+        assert_eq!(self.nodes.unknown_commands(), Vec::<String>::new());
+    }
+}
+
+/// Which FTI API the provider uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FabricApi {
+    Fm,
+    Cm,
+}
+
+impl FabricApi {
+    fn as_str(self) -> &'static str {
+        match self {
+            FabricApi::Fm => "FM",
+            FabricApi::Cm => "CM",
+        }
+    }
+}
+
+pub const MACHINE_NS: &str = "openshift-machine-api";
+
+/// A CRD that accepts any object of the kind (stands in for OpenShift's and Metal3's).
+fn openshift_crd(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    scope: &str,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {"group": group, "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+            "versions": [{"name": version, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap()
+}
+
+pub fn gpu(size: i64) -> ScalarResourceDetails {
+    ScalarResourceDetails {
+        resource_type: ResourceType::Gpu,
+        model: MODEL.into(),
+        size,
+        force_detach: false,
+        allocation_policy: Default::default(),
+        target_node: None,
+        other_spec: None,
+    }
+}
+
+pub fn names(list: &[ComposableResource]) -> Vec<String> {
+    let mut v: Vec<String> = list.iter().map(|r| r.name_any()).collect();
+    v.sort();
+    v
+}

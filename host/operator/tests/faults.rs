@@ -1,0 +1,217 @@
+//! Errors reach the user and clear again: fabric errors, unhealthy devices, busy GPUs
+//! (which block a detach unless force_detach), and a trapping provider call that fails
+//! only its own resource.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{CONVERGE, Env, MODEL, eventually, gpu};
+use cro_api::{ComposableResource, RequestState, ResourceState, ResourceType};
+use cro_runtime::cluster::KubeCluster;
+use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
+use fabric_sim::{Fault, Route};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+fn resource_error(r: &ComposableResource) -> String {
+    r.status
+        .as_ref()
+        .map(|s| s.error.clone())
+        .unwrap_or_default()
+}
+
+async fn has_event(env: &Env, object: &str, reason: &str) -> bool {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items.iter().any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
+            })
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fabric_errors_and_health_warnings_show_and_clear() {
+    let mut env = Env::start().await;
+    let m1 = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.sim.inject(
+        Fault::error(503, "E5030", "fabric manager is under maintenance")
+            .on(Route::FmAttach)
+            .always(),
+    );
+    env.start_operator().await;
+    env.create_request("flaky", gpu(1)).await;
+
+    let (name, error) = eventually("the fabric error in status.error", CONVERGE, || async {
+        let r = env.resources_of("flaky").await.into_iter().next()?;
+        let e = resource_error(&r);
+        (!e.is_empty()).then(|| (r.name_any(), e))
+    })
+    .await;
+    assert!(
+        error.contains("E5030") && error.contains("under maintenance"),
+        "{error}"
+    );
+    let r = env.resources().get(&name).await.unwrap();
+    assert_eq!(r.state(), ResourceState::Attaching);
+    assert_eq!(r.device_id(), None);
+    assert!(env.gpus_on(&m1).is_empty());
+    eventually("a ProviderFailed event", CONVERGE, || async {
+        has_event(&env, &name, "ProviderFailed").await.then_some(())
+    })
+    .await;
+    // The request mirrors the device's error and is not Running.
+    let status = eventually("the error mirrored in the request", CONVERGE, || async {
+        let s = env.request("flaky").await?.status?;
+        s.resources
+            .get(&name)
+            .is_some_and(|e| e.error.contains("E5030"))
+            .then_some(s)
+    })
+    .await;
+    assert_ne!(status.state, RequestState::Running);
+
+    // The fabric recovers: the retry (with backoff) attaches and the error clears.
+    env.sim.clear_faults();
+    let req = env.wait_running("flaky", 1).await;
+    let r = env.resources().get(&name).await.unwrap();
+    assert_eq!(resource_error(&r), "");
+    assert_eq!(req.status.unwrap().resources[&name].error, "");
+    let device = r.device_id().unwrap().to_owned();
+    assert_eq!(env.gpus_on(&m1), vec![device.clone()]);
+
+    // The health check shows a warning while the fabric reports one, and clears.
+    env.sim.set_op_status(&device, "1").unwrap();
+    let warning = eventually("the health warning", CONVERGE, || async {
+        let e = resource_error(&env.resources().get(&name).await.ok()?);
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(warning.contains("warning"), "{warning}");
+    assert_eq!(
+        env.resources().get(&name).await.unwrap().state(),
+        ResourceState::Online
+    );
+    env.sim.set_op_status(&device, "0").unwrap();
+    eventually("the warning cleared", CONVERGE, || async {
+        resource_error(&env.resources().get(&name).await.ok()?)
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_gpus_block_detach_unless_force_detach() {
+    let mut env = Env::start().await;
+    let m1 = env.add_node("worker-1", "16").await;
+    let m2 = env.add_node("worker-2", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.start_operator().await;
+
+    let mut careful = gpu(1);
+    careful.target_node = Some("worker-1".into());
+    env.create_request("careful", careful.clone()).await;
+    let mut forced = gpu(1);
+    forced.target_node = Some("worker-2".into());
+    forced.force_detach = true;
+    env.create_request("forced", forced.clone()).await;
+    env.wait_running("careful", 1).await;
+    env.wait_running("forced", 1).await;
+    let careful_gpu = env.gpus_on(&m1)[0].clone();
+    let forced_gpu = env.gpus_on(&m2)[0].clone();
+    env.nodes.set_busy(&careful_gpu, &["python3"]);
+    env.nodes.set_busy(&forced_gpu, &["python3"]);
+
+    // force_detach: detached although busy.
+    forced.size = 0;
+    env.set_request("forced", &forced).await;
+    env.wait_running("forced", 0).await;
+    assert!(env.gpus_on(&m2).is_empty());
+
+    // Without it: the device stays, Detaching, and the error names the GPU and process.
+    careful.size = 0;
+    env.set_request("careful", &careful).await;
+    let name = env.resources_of("careful").await[0].name_any();
+    let error = eventually("the busy error", CONVERGE, || async {
+        let r = env.resources().get(&name).await.ok()?;
+        let e = resource_error(&r);
+        (r.state() == ResourceState::Detaching && !e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(
+        error.contains(&careful_gpu) && error.contains("python3"),
+        "{error}"
+    );
+    assert_eq!(env.gpus_on(&m1), vec![careful_gpu.clone()]);
+    assert_eq!(
+        env.request("careful").await.unwrap().state(),
+        RequestState::Updating
+    );
+    eventually("a GpuBusy event", CONVERGE, || async {
+        has_event(&env, &name, "GpuBusy").await.then_some(())
+    })
+    .await;
+
+    // The work ends: the detach completes.
+    env.nodes.set_busy(&careful_gpu, &[]);
+    env.wait_running("careful", 0).await;
+    assert!(env.gpus_on(&m1).is_empty());
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+/// A provider call that traps is an error on that resource only; other resources keep
+/// converging at the same time. (CXL memory needs no node commands, so the testkit
+/// component's fake fabric is enough here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_provider_call_fails_only_its_own_resource() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.add_node("worker-2", "16").await;
+    let spec = ProviderSpec::new("testkit", cro_test_support::component("cro-testkit"));
+    let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
+    env.provider = Arc::new(
+        runtime
+            .load(&spec, Arc::new(KubeCluster::new(env.client.clone())))
+            .await
+            .unwrap(),
+    );
+    env.start_operator().await;
+
+    let mut good = gpu(2);
+    good.resource_type = ResourceType::CxlMemory;
+    good.model = "CXL-256G".into();
+    good.target_node = Some("worker-1".into());
+    let mut bad = good.clone();
+    bad.model = "mode:trap".into();
+    bad.target_node = Some("worker-2".into());
+    env.create_request("good", good).await;
+    env.create_request("bad", bad).await;
+
+    let req = env.wait_running("good", 2).await;
+    for (_, entry) in req.status.unwrap().resources {
+        assert!(entry.device_id.starts_with("CXL-"), "{entry:?}");
+    }
+    let error = eventually("the trap error", CONVERGE, || async {
+        let r = env.resources_of("bad").await.into_iter().next()?;
+        let e = resource_error(&r);
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(error.contains("trapped"), "{error}");
+    assert_ne!(
+        env.request("bad").await.unwrap().state(),
+        RequestState::Running
+    );
+    env.stop_operator().await.unwrap();
+}
