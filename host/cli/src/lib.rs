@@ -1,6 +1,5 @@
-//! The `cro` command line. Subcommands are grouped by noun (`cro provider ...`) so the
-//! operator (`cro run`), provider tests (`cro provider test`) and CRD output (`cro crds`)
-//! can be added as siblings.
+//! The `cro` command line: `cro run` (the operator), `cro crds` (the CRD manifests),
+//! `cro provider ...` (provider components; `cro provider test` will join `inspect`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,6 +21,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator.
+    ///
+    /// Starts the request and resource controllers, the upstream sync, the validating
+    /// webhook, metrics and probes. Uses the in-cluster service account or, outside a
+    /// cluster, KUBECONFIG. Every flag can also be set by its environment variable.
+    Run(Box<cro_operator::config::RunArgs>),
+    /// Print the CRDs this version serves, as YAML.
+    ///
+    /// Apply them with `cro crds | kubectl apply -f -`.
+    Crds,
     /// Work with provider components (WebAssembly components of the cro:provider world).
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -49,8 +58,52 @@ pub struct InspectArgs {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run(args) => run_operator(*args),
+        Command::Crds => {
+            print!("{}", crds_yaml()?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Provider(ProviderCommand::Inspect(args)) => inspect_command(&args),
     }
+}
+
+fn run_operator(args: cro_operator::config::RunArgs) -> anyhow::Result<ExitCode> {
+    let config = args.into_config().context("invalid configuration")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime
+        .block_on(cro_operator::run(config))
+        .context("the operator stopped")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An error and its causes on one line. Many library errors already print their source
+/// in their own message, so a cause whose text is already there is left out.
+pub fn error_report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Both CRDs as one multi-document YAML stream, the same text as the files in `crds/`.
+pub fn crds_yaml() -> anyhow::Result<String> {
+    let files = cro_api::crd_files().context("cannot render the CRDs")?;
+    Ok(files
+        .iter()
+        .map(|f| f.yaml.as_str())
+        .collect::<Vec<_>>()
+        .join("---\n"))
 }
 
 fn inspect_command(args: &InspectArgs) -> anyhow::Result<ExitCode> {

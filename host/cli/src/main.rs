@@ -3,18 +3,28 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = cro::Cli::parse();
+    // The operator explains every step at info; one-shot commands only warn. RUST_LOG
+    // overrides both; CRO_LOG_FORMAT=json gives one JSON object per line for collectors.
+    let default = if matches!(cli.command, cro::Command::Run(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("CRO_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
     match cro::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("cro: {e:#}");
+            eprintln!("cro: {}", cro::error_report(&e));
             ExitCode::FAILURE
         }
     }
