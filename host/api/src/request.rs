@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::resource_type::ResourceType;
-use crate::schema::{drop_default, is_false, is_zero};
+use crate::schema::{conditions_list, drop_default, is_false, is_zero};
 use crate::state::{RequestState, ResourceState};
 
 /// Desired state of a ComposabilityRequest: the devices requested.
@@ -162,6 +163,13 @@ pub struct ComposabilityRequestStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub scalar_resource: Option<ScalarResourceDetails>,
+    /// Standard conditions. `Ready` is True while Running; when False, its reason names the
+    /// step under way (or Error) and its message says why.
+    // Omitted when empty, as the Go operator's objects have none; once written it is never
+    // empty again, and a merge patch replaces the whole list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = conditions_list)]
+    pub conditions: Vec<Condition>,
 }
 
 /// A ComposableResource of the request, as mirrored from its status.
@@ -252,6 +260,7 @@ mod tests {
             )]
             .into(),
             scalar_resource: Some(req.spec.resource.clone()),
+            conditions: Vec::new(),
         });
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(

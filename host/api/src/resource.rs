@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, ResourceExt};
 use schemars::JsonSchema;
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::request::ScalarResourceDetails;
 use crate::resource_type::ResourceType;
-use crate::schema::{drop_default, is_false};
+use crate::schema::{conditions_list, drop_default, is_false};
 use crate::state::ResourceState;
 use crate::well_known::{
     ANNOTATION_DELETE_DEVICE, ANNOTATION_DELETE_DEVICE_TRUE, ANNOTATION_LAST_USED_TIME,
@@ -69,7 +69,7 @@ pub struct ComposableResourceSpec {
 /// Observed state of a ComposableResource, written by the operator.
 // Every field is written even when empty, so that a merge patch of the status clears ids and
 // errors instead of leaving them behind.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ComposableResourceStatus {
     /// Lifecycle state.
     #[serde(default)]
@@ -87,6 +87,13 @@ pub struct ComposableResourceStatus {
     #[serde(default)]
     #[schemars(transform = drop_default)]
     pub cdi_device_id: String,
+    /// Standard conditions. `Ready` is True while Online; when False, its reason names the
+    /// step under way (or Error) and its message says why.
+    // Omitted when empty, as the Go operator's objects have none; once written it is never
+    // empty again, and a merge patch replaces the whole list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = conditions_list)]
+    pub conditions: Vec<Condition>,
 }
 
 /// The device a ready-to-detach ComposableResource was created to release.
@@ -270,6 +277,7 @@ mod tests {
             error: String::new(),
             device_id: "GPU-1".into(),
             cdi_device_id: "c-1".into(),
+            conditions: Vec::new(),
         });
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["apiVersion"], crate::API_VERSION);

@@ -20,3 +20,12 @@ pub(crate) fn is_false(b: &bool) -> bool {
 pub(crate) fn is_zero(n: &i64) -> bool {
     *n == 0
 }
+
+/// Schema of a `conditions` list: keyed by `type` like every built-in kind's, so
+/// server-side apply merges conditions by type, and without a default so objects that
+/// have none (the Go operator's) are stored unchanged.
+pub(crate) fn conditions_list(schema: &mut Schema) {
+    schema.remove("default");
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert("x-kubernetes-list-map-keys".into(), vec!["type"].into());
+}

@@ -7,6 +7,7 @@ use cro_api::{
     ComposabilityRequest, ComposableResource, ComposableResourceStatus, RequestState,
     ResourceState, ResourceType,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Resource, ResourceExt};
@@ -262,6 +263,7 @@ async fn resource_status_is_written_only_through_the_status_subresource() {
         error: String::new(),
         device_id: "GPU-abc".into(),
         cdi_device_id: "fab-1".into(),
+        conditions: vec![ready_condition("False", "Attaching", 1)],
     };
     let patched = api
         .patch_status(
@@ -275,6 +277,32 @@ async fn resource_status_is_written_only_through_the_status_subresource() {
     assert_eq!(
         (patched.device_id(), patched.cdi_device_id()),
         (Some("GPU-abc"), Some("fab-1"))
+    );
+
+    // A merge patch replaces the whole conditions list, and the server keeps every field.
+    let online = ComposableResourceStatus {
+        state: ResourceState::Online,
+        conditions: vec![ready_condition("True", "Online", 1)],
+        ..status.clone()
+    };
+    let patched = api
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": online})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.as_ref(), Some(&online));
+    let raw: Api<DynamicObject> = Api::all_with(
+        api.clone().into_client(),
+        &ApiResource::erase::<ComposableResource>(&()),
+    );
+    let stored = raw.get(&name).await.unwrap();
+    assert_eq!(
+        stored.data["status"]["conditions"],
+        json!([{"type": "Ready", "status": "True", "reason": "Online", "message": "ready",
+                "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1}])
     );
 
     // Because every status field is serialized, a merge patch clears ids.
@@ -301,6 +329,17 @@ async fn resource_status_is_written_only_through_the_status_subresource() {
         .unwrap();
     assert_eq!(updated.status, patched.status);
     api.delete(&name, &Default::default()).await.unwrap();
+}
+
+fn ready_condition(status: &str, reason: &str, generation: i64) -> Condition {
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: if status == "True" { "ready" } else { "not yet" }.into(),
+        last_transition_time: Time("2026-01-02T03:04:05Z".parse().unwrap()),
+        observed_generation: Some(generation),
+    }
 }
 
 /// What `kubectl get` shows: the server-side table of the object.

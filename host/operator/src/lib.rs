@@ -8,6 +8,7 @@
 //!   the drain sequence of [`nodeops`], node GC).
 //! - [`sync`]: devices the fabric holds that no resource claims (SPEC §5).
 //! - [`webhook`]: the validating admission webhook (SPEC §6) over TLS.
+//! - [`conditions`]: the Ready condition of both kinds, written after every reconciliation.
 //! - [`leader`], [`probes`], [`metrics`], [`config`]: plumbing; [`run()`] starts it all.
 //!
 //! The provider is reached through [`provider::DeviceProvider`] (the host runtime's
@@ -24,6 +25,7 @@
 pub mod admission;
 pub mod allocation;
 pub mod compat;
+pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod error;

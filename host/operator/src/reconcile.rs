@@ -6,13 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 
+use crate::conditions::{self, Reported};
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::patch;
@@ -67,16 +68,16 @@ pub fn object_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
 }
 
 /// Runs one reconciliation of `obj` (freshly read), reports the outcome and maps it to
-/// the controller's result. `current_error` reads `status.error` of an object.
+/// the controller's result: `status.error` and the Ready condition always describe what
+/// the reconciliation left.
 pub async fn run<K, F, Fut>(
     controller: &'static str,
     ctx: &Context,
     obj: K,
-    current_error: fn(&K) -> &str,
     reconcile: F,
 ) -> Result<Action, ReconcileError>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Reported + Clone + DeserializeOwned + Debug,
     F: FnOnce(K) -> Fut,
     Fut: Future<Output = Result<(Step, Option<K>), ReconcileError>>,
 {
@@ -84,7 +85,7 @@ where
     let key = object_key(&obj);
     let reference = obj.object_ref(&());
     let api: Api<K> = Api::all(ctx.client.clone());
-    let before = obj.clone();
+    let name = obj.name_any();
     let result = reconcile(obj).await;
     let error_kind = result.as_ref().err().map(ReconcileError::kind);
     ctx.metrics
@@ -94,9 +95,10 @@ where
             ctx.succeeded(&key);
             // `latest` is the object as the reconciliation left it (None: deleted).
             if let Some(latest) = latest
-                && current_error(&latest) != step.error
+                && let Some(report) =
+                    conditions::report_patch(&latest, &step.error, Timestamp::now())
             {
-                if !step.error.is_empty() {
+                if !step.error.is_empty() && latest.status_error() != step.error {
                     ctx.event(
                         &reference,
                         EventType::Warning,
@@ -106,7 +108,13 @@ where
                     )
                     .await;
                 }
-                patch::status(&api, &latest, json!({ "error": step.error }), false).await?;
+                match patch::status(&api, &latest, report, false).await {
+                    // Gone while this reconciliation finished: nothing left to report on.
+                    Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {}
+                    other => {
+                        other?;
+                    }
+                }
             }
             Ok(step.action)
         }
@@ -125,18 +133,31 @@ where
                 &message,
             )
             .await;
-            if current_error(&before) != message {
-                // The object may be gone by now; that is not worth another error.
-                match patch::status(&api, &before, json!({ "error": message }), false).await {
-                    Ok(_) => {}
-                    Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {}
-                    Err(write) => {
-                        tracing::warn!(object = %key, error = %write, "cannot record the error")
-                    }
-                }
+            // Read again: the failed reconciliation may have changed the state (which the
+            // condition's reason names) or cleared an earlier error.
+            if let Err(write) = record_failure(&api, &name, &message).await {
+                tracing::warn!(object = %key, error = %write, "cannot record the error");
             }
             Err(e)
         }
+    }
+}
+
+/// Writes `message` as `status.error` with the Ready condition it implies; an object
+/// already gone is not worth another error.
+async fn record_failure<K>(api: &Api<K>, name: &str, message: &str) -> Result<(), ReconcileError>
+where
+    K: Reported + Clone + DeserializeOwned + Debug,
+{
+    let Some(fresh) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let Some(report) = conditions::report_patch(&fresh, message, Timestamp::now()) else {
+        return Ok(());
+    };
+    match patch::status(api, &fresh, report, false).await {
+        Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => Ok(()),
+        other => other.map(|_| ()),
     }
 }
 

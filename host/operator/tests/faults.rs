@@ -7,10 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
-use cro_api::{ComposableResource, RequestState, ResourceState, ResourceType};
+use cro_api::{
+    ComposabilityRequest, ComposableResource, RequestState, ResourceState, ResourceType,
+};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
 use fabric_sim::{Fault, Route};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
@@ -19,6 +22,19 @@ fn resource_error(r: &ComposableResource) -> String {
         .as_ref()
         .map(|s| s.error.clone())
         .unwrap_or_default()
+}
+
+/// The Ready condition of an object's status, if written.
+fn ready_of(conditions: Option<&[Condition]>) -> Option<Condition> {
+    conditions?.iter().find(|c| c.type_ == "Ready").cloned()
+}
+
+fn resource_ready(r: &ComposableResource) -> Option<Condition> {
+    ready_of(r.status.as_ref().map(|s| &s.conditions[..]))
+}
+
+fn request_ready(r: &ComposabilityRequest) -> Option<Condition> {
+    ready_of(r.status.as_ref().map(|s| &s.conditions[..]))
 }
 
 async fn has_event(env: &Env, object: &str, reason: &str) -> bool {
@@ -77,6 +93,21 @@ async fn fabric_errors_and_health_warnings_show_and_clear() {
     })
     .await;
     assert_ne!(status.state, RequestState::Running);
+    // The Ready condition says the same on the resource, for its current generation.
+    let ready = eventually("Ready=False with the fabric error", CONVERGE, || async {
+        let r = env.resources().get(&name).await.ok()?;
+        let c = resource_ready(&r)?;
+        (c.reason == "Error").then_some((c, r.metadata.generation))
+    })
+    .await;
+    assert_eq!(ready.0.status, "False");
+    assert!(ready.0.message.contains("E5030"), "{:?}", ready.0);
+    assert_eq!(ready.0.observed_generation, ready.1);
+    let failed_since = ready.0.last_transition_time.clone();
+    let req = env.request("flaky").await.unwrap();
+    let ready = request_ready(&req).unwrap();
+    assert_eq!(ready.status, "False");
+    assert_ne!(ready.reason, "Running");
 
     // The fabric recovers: the retry (with backoff) attaches and the error clears.
     env.sim.clear_faults();
@@ -86,6 +117,23 @@ async fn fabric_errors_and_health_warnings_show_and_clear() {
     assert_eq!(req.status.unwrap().resources[&name].error, "");
     let device = r.device_id().unwrap().to_owned();
     assert_eq!(env.gpus_on(&m1), vec![device.clone()]);
+    let online = eventually("the resource Ready=True", CONVERGE, || async {
+        let c = resource_ready(&env.resources().get(&name).await.ok()?)?;
+        (c.status == "True").then_some(c)
+    })
+    .await;
+    assert_eq!(online.reason, "Online");
+    assert!(online.message.contains(&device), "{online:?}");
+    assert!(online.last_transition_time.0 >= failed_since.0);
+    let running = eventually("the request Ready=True", CONVERGE, || async {
+        let req = env.request("flaky").await?;
+        let c = request_ready(&req)?;
+        (c.status == "True").then_some((c, req.metadata.generation))
+    })
+    .await;
+    assert_eq!(running.0.reason, "Running");
+    assert_eq!(running.0.message, "all 1 devices are online");
+    assert_eq!(running.0.observed_generation, running.1);
 
     // The health check shows a warning while the fabric reports one, and clears.
     env.sim.set_op_status(&device, "1").unwrap();
@@ -99,6 +147,15 @@ async fn fabric_errors_and_health_warnings_show_and_clear() {
         env.resources().get(&name).await.unwrap().state(),
         ResourceState::Online
     );
+    // A health warning does not take an attached device out of Ready: the message
+    // changes, the transition time does not.
+    let warned = eventually("the warning in the Ready message", CONVERGE, || async {
+        let c = resource_ready(&env.resources().get(&name).await.ok()?)?;
+        c.message.contains("warning").then_some(c)
+    })
+    .await;
+    assert_eq!(warned.status, "True");
+    assert_eq!(warned.last_transition_time, online.last_transition_time);
     env.sim.set_op_status(&device, "0").unwrap();
     eventually("the warning cleared", CONVERGE, || async {
         resource_error(&env.resources().get(&name).await.ok()?)

@@ -36,10 +36,6 @@ pub const CONTROLLER: &str = "composabilityrequest";
 
 pub(crate) type Outcome = Result<(Step, Option<ComposabilityRequest>), ReconcileError>;
 
-fn status_error(r: &ComposabilityRequest) -> &str {
-    r.status.as_ref().map(|s| s.error.as_str()).unwrap_or("")
-}
-
 pub(crate) fn status_of(r: &ComposabilityRequest) -> ComposabilityRequestStatus {
     r.status.clone().unwrap_or_default()
 }
@@ -52,7 +48,7 @@ pub async fn reconcile(
     let Some(fresh) = api.get_opt(&obj.name_any()).await? else {
         return Ok(Action::await_change());
     };
-    reconcile::run(CONTROLLER, &ctx, fresh, status_error, |r| step(r, &ctx)).await
+    reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
 }
 
 /// The request's ComposableResources, found by label.

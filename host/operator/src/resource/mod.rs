@@ -32,10 +32,6 @@ pub const CONTROLLER: &str = "composableresource";
 
 pub(crate) type Outcome = Result<(Step, Option<ComposableResource>), ReconcileError>;
 
-fn status_error(r: &ComposableResource) -> &str {
-    r.status.as_ref().map(|s| s.error.as_str()).unwrap_or("")
-}
-
 pub async fn reconcile(
     obj: Arc<ComposableResource>,
     ctx: Arc<Context>,
@@ -44,7 +40,7 @@ pub async fn reconcile(
     let Some(fresh) = api.get_opt(&obj.name_any()).await? else {
         return Ok(Action::await_change());
     };
-    reconcile::run(CONTROLLER, &ctx, fresh, status_error, |r| step(r, &ctx)).await
+    reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
 }
 
 async fn step(res: ComposableResource, ctx: &Context) -> Outcome {
