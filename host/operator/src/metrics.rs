@@ -1,9 +1,13 @@
 //! Prometheus metrics of the operator, served at `/metrics`.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use cro_runtime::gate::DenialCounts;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -46,6 +50,44 @@ struct AdmissionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DenialLabels {
     reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapabilityLabels {
+    capability: String,
+}
+
+type DenialSource = Arc<dyn Fn() -> Option<DenialCounts> + Send + Sync>;
+
+/// The runtime's gate keeps the counts; they are read when Prometheus scrapes, so no
+/// call path has to remember to copy them.
+struct DenialCollector(DenialSource);
+
+impl std::fmt::Debug for DenialCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DenialCollector")
+    }
+}
+
+impl Collector for DenialCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(d) = (self.0)() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "provider_capability_denials",
+            "Capability requests of the provider that its grants refused, by capability",
+            None,
+            MetricType::Counter,
+        )?;
+        for (capability, n) in [("http", d.http), ("secret", d.secret), ("lookup", d.lookup)] {
+            let labels = CapabilityLabels {
+                capability: capability.into(),
+            };
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -220,6 +262,14 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
+    /// Exports the capability denials `source` counts (the provider's gate).
+    pub fn watch_denials(&self, source: impl Fn() -> Option<DenialCounts> + Send + Sync + 'static) {
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .register_collector(Box::new(DenialCollector(Arc::new(source))));
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -236,6 +286,33 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capability_denials_are_read_at_scrape_time() {
+        let m = Metrics::new();
+        let counts = Arc::new(Mutex::new(DenialCounts::default()));
+        let source = counts.clone();
+        m.watch_denials(move || Some(*source.lock().unwrap()));
+        assert!(
+            m.encode()
+                .contains("cro_provider_capability_denials_total{capability=\"http\"} 0")
+        );
+        counts.lock().unwrap().http = 3;
+        counts.lock().unwrap().lookup = 1;
+        let text = m.encode();
+        assert!(
+            text.contains("cro_provider_capability_denials_total{capability=\"http\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cro_provider_capability_denials_total{capability=\"lookup\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE cro_provider_capability_denials counter"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn metrics_show_in_the_exposition() {

@@ -61,10 +61,19 @@ pub trait DeviceProvider: Send + Sync + 'static {
     ) -> BoxFuture<'a, ProviderResult<()>>;
 
     fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>>;
+
+    /// Capability requests the provider's grants refused so far, where it keeps count.
+    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+        None
+    }
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
 impl DeviceProvider for cro_runtime::Provider {
+    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+        Some(cro_runtime::Provider::denials(self))
+    }
+
     fn add_resource<'a>(
         &'a self,
         resource: &'a domain::ComposableResource,

@@ -50,12 +50,15 @@ impl Operator {
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
     ) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let counted = provider.clone();
+        metrics.watch_denials(move || counted.denials());
         Self {
             client,
             provider,
             runner,
             config,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             ready: Arc::new(Readiness::default()),
             webhook: None,
             probes: None,

@@ -222,6 +222,9 @@ async fn webhook_refuses_the_spec_cases_and_admits_the_rest() {
         "cro_admission_denials_total{reason=\"duplicate_differentnode\"} 1",
         "cro_provider_calls_total{operation=\"add_resource\",outcome=\"ok\"}",
         "cro_reconciles_total{controller=\"composabilityrequest\",outcome=\"ok\"}",
+        // The FTI component asked only for what it was granted.
+        "cro_provider_capability_denials_total{capability=\"http\"} 0",
+        "cro_provider_capability_denials_total{capability=\"secret\"} 0",
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
