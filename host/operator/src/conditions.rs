@@ -181,7 +181,7 @@ pub fn with_ready(
         type_: READY.to_owned(),
         status: status.to_owned(),
         reason: readiness.reason.to_owned(),
-        message: truncated(&readiness.message),
+        message: crate::text::clip(&readiness.message, MAX_MESSAGE).to_owned(),
         last_transition_time,
         observed_generation: generation,
     };
@@ -192,13 +192,6 @@ pub fn with_ready(
         None => out.push(ready),
     }
     Some(out)
-}
-
-fn truncated(message: &str) -> String {
-    match message.char_indices().nth(MAX_MESSAGE) {
-        Some((end, _)) => message[..end].to_owned(),
-        None => message.to_owned(),
-    }
 }
 
 /// The status merge patch that records `error` and the Ready condition it implies on

@@ -41,6 +41,7 @@ pub mod request;
 pub mod resource;
 pub mod run;
 pub mod sync;
+pub mod text;
 pub mod views;
 pub mod webhook;
 

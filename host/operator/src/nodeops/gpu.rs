@@ -254,9 +254,11 @@ fn holders_script(minor: u32) -> String {
 
 fn first_words(text: &str) -> String {
     let t = text.trim();
-    match t.char_indices().nth(300) {
-        Some((i, _)) => format!("{}…", &t[..i]),
-        None => t.to_owned(),
+    let cut = crate::text::clip(t, 300);
+    if cut.len() < t.len() {
+        format!("{cut}…")
+    } else {
+        cut.to_owned()
     }
 }
 
