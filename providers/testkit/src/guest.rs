@@ -157,6 +157,8 @@ fn membomb() -> ! {
     }
 }
 
+/// The `trap` mode: panicking is the whole point, so the host's trap handling and the
+/// captured stderr (bounded by `noise_bytes` of filler) can be tested.
 fn trap() -> ! {
     let noise: usize = cfg("noise_bytes").and_then(|n| n.parse().ok()).unwrap_or(0);
     if noise > 0 {
