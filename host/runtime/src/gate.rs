@@ -267,6 +267,43 @@ mod tests {
     }
 
     #[test]
+    fn headers_and_names_are_checked_and_guest_text_is_clipped() {
+        let gate = gate();
+        assert_eq!(gate.check(Capability::HttpHeader("authorization")), Ok(()));
+        let host = gate.check(Capability::HttpHeader("Host")).unwrap_err();
+        assert!(
+            host.0.contains("`Host` is set by the host only"),
+            "{}",
+            host.0
+        );
+        assert_eq!(
+            gate.check(Capability::ObjectName {
+                name: "worker-0",
+                namespace: None
+            }),
+            Ok(())
+        );
+        let proxy = gate
+            .check(Capability::ObjectName {
+                name: "worker-0/proxy",
+                namespace: None,
+            })
+            .unwrap_err();
+        assert!(
+            proxy.0.contains("is not a Kubernetes object name"),
+            "{}",
+            proxy.0
+        );
+        let huge = "k\n".repeat(1 << 20);
+        let denial = gate.check(Capability::SecretKey(&huge)).unwrap_err();
+        assert!(denial.0.len() < 400, "{}", denial.0.len());
+        assert!(!denial.0.contains('\n'), "{}", denial.0);
+        assert_eq!(gate.denials().http, 1);
+        assert_eq!(gate.denials().lookup, 1);
+        assert_eq!(gate.denials().secret, 1);
+    }
+
+    #[test]
     fn no_grants_deny_everything() {
         let gate = Gate::new("p", Arc::new(Grants::default()));
         let url = Url::parse("http://127.0.0.1/").unwrap();

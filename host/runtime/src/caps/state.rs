@@ -67,10 +67,10 @@ impl Map {
             if *t > now {
                 break;
             }
-            if let Some((_, key)) = self.expiries.pop_first() {
-                if let Some(entry) = self.entries.remove(&key) {
-                    self.used -= charge(&key, &entry.value);
-                }
+            if let Some((_, key)) = self.expiries.pop_first()
+                && let Some(entry) = self.entries.remove(&key)
+            {
+                self.used -= charge(&key, &entry.value);
             }
         }
     }

@@ -74,7 +74,7 @@ impl HttpEgress {
             match gate.check(Capability::Http(attempt.url())) {
                 Ok(()) => attempt.follow(),
                 Err(denial) => {
-                    let message = format!("{denial} (redirect from {from})");
+                    let message = format!("{denial} (redirect from {})", quote(&from));
                     attempt.error(RedirectDenied(message))
                 }
             }
