@@ -197,6 +197,8 @@ pub fn with_ready(
 /// The status merge patch that records `error` and the Ready condition it implies on
 /// `obj`, or `None` when both are already there.
 pub fn report_patch<K: Reported>(obj: &K, error: &str, now: Timestamp) -> Option<Value> {
+    // Provider text ends up here: clip it like the condition's message.
+    let error = crate::text::clip(error, MAX_MESSAGE);
     let mut patch = serde_json::Map::new();
     if obj.status_error() != error {
         patch.insert("error".into(), json!(error));

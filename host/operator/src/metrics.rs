@@ -90,6 +90,46 @@ impl Collector for DenialCollector {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    provider: String,
+    budget: String,
+}
+
+/// (provider name, budget label, times hit), read at scrape time from the runtime.
+type BudgetSource = Arc<dyn Fn() -> Option<(String, Vec<(&'static str, u64)>)> + Send + Sync>;
+
+/// The runtime counts the budgets a provider hit; like the denials, read when scraped.
+struct BudgetCollector(BudgetSource);
+
+impl std::fmt::Debug for BudgetCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BudgetCollector")
+    }
+}
+
+impl Collector for BudgetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some((provider, counts)) = (self.0)() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "provider_budget_exceeded",
+            "Times a provider hit one of its sandbox budgets (memory, log, cluster reads, ...)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (budget, n) in counts {
+            let labels = BudgetLabels {
+                provider: provider.clone(),
+                budget: budget.into(),
+            };
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -270,6 +310,18 @@ impl Metrics {
             .register_collector(Box::new(DenialCollector(Arc::new(source))));
     }
 
+    /// Exports `cro_provider_budget_exceeded_total{provider,budget}` from `source` (the
+    /// runtime's per-provider budget counters).
+    pub fn watch_budgets(
+        &self,
+        source: impl Fn() -> Option<(String, Vec<(&'static str, u64)>)> + Send + Sync + 'static,
+    ) {
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .register_collector(Box::new(BudgetCollector(Arc::new(source))));
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -310,6 +362,33 @@ mod tests {
         );
         assert!(
             text.contains("# TYPE cro_provider_capability_denials counter"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn budgets_hit_are_read_at_scrape_time() {
+        let m = Metrics::new();
+        let hits = Arc::new(Mutex::new(0u64));
+        let source = hits.clone();
+        m.watch_budgets(move || {
+            Some((
+                "fti".to_string(),
+                vec![("log_lines", *source.lock().unwrap()), ("memory", 0)],
+            ))
+        });
+        *hits.lock().unwrap() = 2;
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "cro_provider_budget_exceeded_total{provider=\"fti\",budget=\"log_lines\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "cro_provider_budget_exceeded_total{provider=\"fti\",budget=\"memory\"} 0"
+            ),
             "{text}"
         );
     }

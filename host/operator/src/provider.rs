@@ -36,6 +36,7 @@ pub fn error_kind(e: &ProviderCallError) -> &'static str {
         CallError::Trap { .. } => "trap",
         CallError::Timeout(_) => "timeout",
         CallError::OutOfMemory { .. } => "out_of_memory",
+        CallError::Budget(_) => "budget_exceeded",
         CallError::Instantiate(_) => "instantiate",
     }
 }
@@ -66,12 +67,25 @@ pub trait DeviceProvider: Send + Sync + 'static {
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
         None
     }
+
+    /// (provider name, budget label, times hit) for every budget, where it keeps count.
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        None
+    }
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
 impl DeviceProvider for cro_runtime::Provider {
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
         Some(cro_runtime::Provider::denials(self))
+    }
+
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        let counts = cro_runtime::Provider::budgets(self).snapshot();
+        Some((
+            self.name().to_owned(),
+            counts.into_iter().map(|(b, n)| (b.as_str(), n)).collect(),
+        ))
     }
 
     fn add_resource<'a>(

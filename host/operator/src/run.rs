@@ -53,6 +53,8 @@ impl Operator {
         let metrics = Arc::new(Metrics::new());
         let counted = provider.clone();
         metrics.watch_denials(move || counted.denials());
+        let budgeted = provider.clone();
+        metrics.watch_budgets(move || budgeted.budgets());
         Self {
             client,
             provider,

@@ -10,6 +10,8 @@ wasmtime::component::bindgen!({
         "cro:provider/http.send": async | trappable,
         "cro:provider/secrets.get": async | trappable,
         "cro:provider/lookup": async | trappable,
+        // The log budget ends a call that logs past it.
+        "cro:provider/log.log": trappable,
     },
     exports: { default: async },
 });

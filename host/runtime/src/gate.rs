@@ -2,23 +2,44 @@
 //!
 //! A denial is returned to the guest as the interface's typed `denied` error naming the
 //! missing grant, logged (`warn`) with the provider's name, and counted; it never traps.
+//! What the guest wrote is quoted clipped and escaped (a megabyte-long key makes a short
+//! line), and denial lines are rate-limited per provider (counting goes on regardless).
+//!
+//! Each capability module owns its grant type and the check of it; the gate asks them,
+//! so every decision still goes through here.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use url::Url;
 
+use crate::base::quote;
+use crate::budget::{Admit, MinuteWindow};
+use crate::caps::http::grant::refused_header;
+use crate::caps::lookup::grant::check_name;
 use crate::grants::{Grants, HttpTarget};
+
+/// Denial lines logged per provider per minute; further denials are only counted.
+const DENIAL_LINES_PER_MINUTE: u64 = 120;
 
 /// What a host import is about to do on the guest's behalf.
 #[derive(Debug, Clone, Copy)]
 pub enum Capability<'a> {
     /// An HTTP request (or a redirect) to `url`.
     Http(&'a Url),
+    /// A request header the provider wants to send (framing and routing headers are
+    /// never allowed).
+    HttpHeader(&'a str),
     /// Reading one key of the granted Secret.
     SecretKey(&'a str),
     /// Reading objects of a kind (`v1 Node` for `get-node`/`list-nodes`).
     Lookup { api_version: &'a str, kind: &'a str },
+    /// The name (and namespace) of an object to read: must be a Kubernetes name.
+    ObjectName {
+        name: &'a str,
+        namespace: Option<&'a str>,
+    },
     /// The provider's own configuration: always allowed.
     Config,
     /// Logging: always allowed.
@@ -54,6 +75,7 @@ pub struct Gate {
     http: AtomicU64,
     secret: AtomicU64,
     lookup: AtomicU64,
+    lines: Mutex<MinuteWindow>,
 }
 
 impl Gate {
@@ -64,6 +86,11 @@ impl Gate {
             http: AtomicU64::new(0),
             secret: AtomicU64::new(0),
             lookup: AtomicU64::new(0),
+            lines: Mutex::new(MinuteWindow::new(
+                DENIAL_LINES_PER_MINUTE,
+                u64::MAX,
+                Instant::now(),
+            )),
         }
     }
 
@@ -84,7 +111,21 @@ impl Gate {
                 }
                 (
                     &self.http,
-                    format!("no http grant for {}", HttpTarget::describe(url)),
+                    format!("no http grant for {}", quote(&HttpTarget::describe(url))),
+                )
+            }
+            Capability::HttpHeader(name) => {
+                if !refused_header(name) {
+                    return Ok(());
+                }
+                (
+                    &self.http,
+                    format!(
+                        "the request header `{}` is set by the host only (Host, Connection, \
+                         Transfer-Encoding, Content-Length, Upgrade, TE, Trailer, Keep-Alive \
+                         and Proxy-* cannot be granted)",
+                        quote(name)
+                    ),
                 )
             }
             Capability::SecretKey(key) => match &self.grants.secret {
@@ -92,13 +133,18 @@ impl Gate {
                 Some(secret) => (
                     &self.secret,
                     format!(
-                        "no secret grant for key `{key}` of {}/{}",
-                        secret.namespace, secret.name
+                        "no secret grant for key `{}` of {}/{}",
+                        quote(key),
+                        secret.namespace,
+                        secret.name
                     ),
                 ),
                 None => (
                     &self.secret,
-                    format!("no secret grant (the provider asked for key `{key}`)"),
+                    format!(
+                        "no secret grant (the provider asked for key `{}`)",
+                        quote(key)
+                    ),
                 ),
             },
             Capability::Lookup { api_version, kind } => {
@@ -107,13 +153,42 @@ impl Gate {
                 }
                 (
                     &self.lookup,
-                    format!("no lookup grant for {api_version} {kind}"),
+                    format!("no lookup grant for {} {}", quote(api_version), quote(kind)),
                 )
             }
+            Capability::ObjectName { name, namespace } => match check_name(name, namespace) {
+                Ok(()) => return Ok(()),
+                Err(why) => (&self.lookup, why),
+            },
             Capability::Config | Capability::Log | Capability::State => return Ok(()),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(provider = %self.provider, denied = %message, "provider capability denied");
+        let admit = self
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(0, Instant::now());
+        match admit {
+            Admit::Yes { dropped_before: 0 } => {
+                tracing::warn!(provider = %self.provider, denied = %message, "provider capability denied");
+            }
+            Admit::Yes { dropped_before } => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    denied = %message,
+                    unlogged_denials = dropped_before,
+                    "provider capability denied"
+                );
+            }
+            Admit::No { first: true } => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    "more than {DENIAL_LINES_PER_MINUTE} capability denials this minute: \
+                     further ones are counted but not logged until the minute is over"
+                );
+            }
+            Admit::No { first: false } => {}
+        }
         Err(Denial(message))
     }
 
@@ -189,6 +264,43 @@ mod tests {
             }
         );
         assert_eq!(gate.denials().total(), 3);
+    }
+
+    #[test]
+    fn headers_and_names_are_checked_and_guest_text_is_clipped() {
+        let gate = gate();
+        assert_eq!(gate.check(Capability::HttpHeader("authorization")), Ok(()));
+        let host = gate.check(Capability::HttpHeader("Host")).unwrap_err();
+        assert!(
+            host.0.contains("`Host` is set by the host only"),
+            "{}",
+            host.0
+        );
+        assert_eq!(
+            gate.check(Capability::ObjectName {
+                name: "worker-0",
+                namespace: None
+            }),
+            Ok(())
+        );
+        let proxy = gate
+            .check(Capability::ObjectName {
+                name: "worker-0/proxy",
+                namespace: None,
+            })
+            .unwrap_err();
+        assert!(
+            proxy.0.contains("is not a Kubernetes object name"),
+            "{}",
+            proxy.0
+        );
+        let huge = "k\n".repeat(1 << 20);
+        let denial = gate.check(Capability::SecretKey(&huge)).unwrap_err();
+        assert!(denial.0.len() < 400, "{}", denial.0.len());
+        assert!(!denial.0.contains('\n'), "{}", denial.0);
+        assert_eq!(gate.denials().http, 1);
+        assert_eq!(gate.denials().lookup, 1);
+        assert_eq!(gate.denials().secret, 1);
     }
 
     #[test]

@@ -14,7 +14,11 @@
 //!   lookup: [{api_version: v1, kind: Node}, {api_version: metal3.io/v1alpha1, kind: BareMetalHost}]
 //!   wasi: {clocks: true}
 //! limits: {call_timeout_ms: 30000, memory_bytes: 67108864, max_concurrent_calls: 16,
-//!          max_response_bytes: 4194304, state_bytes: 65536}
+//!          max_response_bytes: 4194304, state_bytes: 65536, state_entries: 256,
+//!          host_call_bytes: 8388608, log_lines_per_call: 256, log_bytes_per_call: 65536,
+//!          log_lines_per_minute: 1200, log_bytes_per_minute: 1048576,
+//!          cluster_reads_per_call: 512, cluster_reads_per_second: 50,
+//!          provider_text_bytes: 4096}
 //! ```
 //!
 //! Everything not written is denied: no `http` entry means no egress, no `secret` means no
@@ -23,15 +27,18 @@
 //! sockets cannot be granted at all.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
 use url::Url;
+
+use crate::base::{FieldError, is_dns_label};
+// Each capability owns its grant type; the spec gathers them (public paths kept here).
+pub use crate::caps::http::grant::{CaPem, HostPattern, HttpGrant, HttpTarget, Scheme};
+pub use crate::caps::lookup::grant::LookupGrant;
+pub use crate::caps::secrets::grant::SecretGrant;
+pub use crate::caps::wasi::grant::WasiGrant;
 
 /// Why a provider spec was refused.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +61,15 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> GrantError {
     GrantError::Invalid {
         field: field.into(),
         reason: reason.into(),
+    }
+}
+
+impl From<FieldError> for GrantError {
+    fn from(e: FieldError) -> GrantError {
+        GrantError::Invalid {
+            field: e.field,
+            reason: e.reason,
+        }
     }
 }
 
@@ -148,21 +164,6 @@ impl ProviderSpec {
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 fn scalar_map<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -227,24 +228,7 @@ impl Grants {
     }
 
     fn validate(&self) -> Result<(), GrantError> {
-        let mut seen = BTreeSet::new();
-        for (i, grant) in self.http.iter().enumerate() {
-            if !seen.insert(grant.url.to_string()) {
-                return Err(invalid(
-                    format!("grants.http[{i}].url"),
-                    format!("`{}` is granted twice", grant.url),
-                ));
-            }
-            if grant.ca_pem.is_some() && grant.url.scheme() != Scheme::Https {
-                return Err(invalid(
-                    format!("grants.http[{i}].ca_pem"),
-                    format!(
-                        "a CA only makes sense for https, but the grant is `{}`",
-                        grant.url
-                    ),
-                ));
-            }
-        }
+        crate::caps::http::grant::validate(&self.http)?;
         if let Some(secret) = &self.secret {
             secret.validate()?;
         }
@@ -262,378 +246,43 @@ impl Grants {
     }
 }
 
-/// `http` or `https`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scheme {
-    Http,
-    Https,
-}
-
-impl Scheme {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scheme::Http => "http",
-            Scheme::Https => "https",
-        }
-    }
-
-    fn default_port(self) -> u16 {
-        match self {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
-        }
-    }
-}
-
-/// The host part of an HTTP grant.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum HostPattern {
-    /// One host name or IP address (as the URL parser normalises it).
-    Exact(String),
-    /// `*.example.com`: any name ending in `.example.com` (one or more labels in front),
-    /// never `example.com` itself.
-    Subdomains(String),
-}
-
-impl HostPattern {
-    pub fn matches(&self, host: &str) -> bool {
-        match self {
-            HostPattern::Exact(h) => h == host,
-            HostPattern::Subdomains(suffix) => host
-                .strip_suffix(suffix.as_str())
-                .and_then(|front| front.strip_suffix('.'))
-                .is_some_and(|front| !front.is_empty()),
-        }
-    }
-}
-
-/// `scheme://host:port`, the unit HTTP grants are written in.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct HttpTarget {
-    scheme: Scheme,
-    host: HostPattern,
-    port: u16,
-}
-
-impl HttpTarget {
-    pub fn scheme(&self) -> Scheme {
-        self.scheme
-    }
-
-    pub fn host(&self) -> &HostPattern {
-        &self.host
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Whether a request to `url` falls under this target (scheme, host and port).
-    pub fn allows(&self, url: &Url) -> bool {
-        let Some(host) = url.host_str() else {
-            return false;
-        };
-        url.scheme() == self.scheme.as_str()
-            && url.port_or_known_default() == Some(self.port)
-            && self.host.matches(host)
-    }
-
-    /// `scheme://host:port` of a URL, the way denial messages name what was missing.
-    pub fn describe(url: &Url) -> String {
-        match (url.host_str(), url.port_or_known_default()) {
-            (Some(host), Some(port)) => format!("{}://{host}:{port}", url.scheme()),
-            _ => url.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for HttpTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let host = match &self.host {
-            HostPattern::Exact(h) => h.clone(),
-            HostPattern::Subdomains(s) => format!("*.{s}"),
-        };
-        write!(f, "{}://{host}:{}", self.scheme.as_str(), self.port)
-    }
-}
-
-impl From<HttpTarget> for String {
-    fn from(t: HttpTarget) -> String {
-        t.to_string()
-    }
-}
-
-impl TryFrom<String> for HttpTarget {
-    type Error = String;
-    fn try_from(s: String) -> Result<HttpTarget, String> {
-        s.parse()
-    }
-}
-
-impl FromStr for HttpTarget {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<HttpTarget, String> {
-        let shape = || format!("`{text}` must look like scheme://host[:port] (http or https)");
-        let (scheme_text, rest) = text.split_once("://").ok_or_else(shape)?;
-        let scheme = match scheme_text.to_ascii_lowercase().as_str() {
-            "http" => Scheme::Http,
-            "https" => Scheme::Https,
-            other => return Err(format!("`{text}`: scheme `{other}` is not http or https")),
-        };
-        let (wildcard, rest) = match rest.strip_prefix("*.") {
-            Some(rest) => (true, rest),
-            None => (false, rest),
-        };
-        if rest.contains('*') {
-            return Err(format!(
-                "`{text}`: a wildcard is only allowed as the whole first label (`*.example.com`)"
-            ));
-        }
-        let url = Url::parse(&format!("{}://{rest}", scheme.as_str()))
-            .map_err(|e| format!("`{text}`: {e}"))?;
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(format!("`{text}`: credentials do not belong in a grant"));
-        }
-        if url.path() != "/" && !url.path().is_empty() {
-            return Err(format!(
-                "`{text}`: a grant covers a whole host:port, remove the path `{}`",
-                url.path()
-            ));
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!("`{text}`: remove the query or fragment"));
-        }
-        let host = match url.host() {
-            Some(url::Host::Domain(d)) => d.to_string(),
-            Some(url::Host::Ipv4(ip)) if !wildcard => ip.to_string(),
-            Some(url::Host::Ipv6(ip)) if !wildcard => format!("[{ip}]"),
-            Some(_) => return Err(format!("`{text}`: a wildcard needs a domain name")),
-            None => return Err(shape()),
-        };
-        if wildcard && !host.contains('.') {
-            return Err(format!(
-                "`{text}`: `*.` needs at least two labels after it (e.g. `*.example.com`)"
-            ));
-        }
-        Ok(HttpTarget {
-            scheme,
-            host: if wildcard {
-                HostPattern::Subdomains(host)
-            } else {
-                HostPattern::Exact(host)
-            },
-            port: url.port().unwrap_or(scheme.default_port()),
-        })
-    }
-}
-
-/// One HTTP endpoint a provider may call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpGrant {
-    pub url: HttpTarget,
-    /// An extra root the provider's HTTPS client trusts (for a fabric manager with a
-    /// private CA). The provider has one client, so it trusts every granted CA for every
-    /// granted https endpoint.
-    #[serde(default)]
-    pub ca_pem: Option<CaPem>,
-}
-
-impl HttpGrant {
-    pub fn new(url: HttpTarget) -> HttpGrant {
-        HttpGrant { url, ca_pem: None }
-    }
-
-    pub fn allows(&self, url: &Url) -> bool {
-        self.url.allows(url)
-    }
-}
-
-/// PEM text holding one or more X.509 certificates, checked when parsed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct CaPem {
-    pem: String,
-    certs: Vec<CertificateDer<'static>>,
-}
-
-impl CaPem {
-    pub fn certificates(&self) -> &[CertificateDer<'static>] {
-        &self.certs
-    }
-
-    pub fn pem(&self) -> &str {
-        &self.pem
-    }
-}
-
-impl From<CaPem> for String {
-    fn from(c: CaPem) -> String {
-        c.pem
-    }
-}
-
-impl TryFrom<String> for CaPem {
-    type Error = String;
-
-    fn try_from(pem: String) -> Result<CaPem, String> {
-        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("ca_pem is not PEM: {e}"))?;
-        if certs.is_empty() {
-            return Err("ca_pem holds no `-----BEGIN CERTIFICATE-----` block".into());
-        }
-        let mut store = rustls::RootCertStore::empty();
-        for (i, cert) in certs.iter().enumerate() {
-            store
-                .add(cert.clone())
-                .map_err(|e| format!("ca_pem certificate #{} is not usable: {e}", i + 1))?;
-        }
-        Ok(CaPem { pem, certs })
-    }
-}
-
-/// The keys of one Secret a provider may read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecretGrant {
-    pub namespace: String,
-    pub name: String,
-    pub keys: Vec<String>,
-}
-
-impl SecretGrant {
-    pub fn allows(&self, key: &str) -> bool {
-        self.keys.iter().any(|k| k == key)
-    }
-
-    fn validate(&self) -> Result<(), GrantError> {
-        if !is_dns_label(&self.namespace) {
-            return Err(invalid(
-                "grants.secret.namespace",
-                format!("`{}` is not a namespace name", self.namespace),
-            ));
-        }
-        if !is_dns_subdomain(&self.name) {
-            return Err(invalid(
-                "grants.secret.name",
-                format!("`{}` is not a Secret name", self.name),
-            ));
-        }
-        if self.keys.is_empty() {
-            return Err(invalid(
-                "grants.secret.keys",
-                "list the keys the provider may read (an empty list grants nothing)",
-            ));
-        }
-        let mut seen = BTreeSet::new();
-        for key in &self.keys {
-            let ok = !key.is_empty()
-                && key.len() <= 253
-                && key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if !ok {
-                return Err(invalid(
-                    "grants.secret.keys",
-                    format!("`{key}` is not a Secret key"),
-                ));
-            }
-            if !seen.insert(key) {
-                return Err(invalid(
-                    "grants.secret.keys",
-                    format!("`{key}` is listed twice"),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A kind of cluster object a provider may read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LookupGrant {
-    /// `v1` for the core group, `group/version` otherwise.
-    pub api_version: String,
-    /// The kind as written in objects (`Node`, `BareMetalHost`).
-    pub kind: String,
-}
-
-impl LookupGrant {
-    pub fn new(api_version: impl Into<String>, kind: impl Into<String>) -> LookupGrant {
-        LookupGrant {
-            api_version: api_version.into(),
-            kind: kind.into(),
-        }
-    }
-
-    pub fn allows(&self, api_version: &str, kind: &str) -> bool {
-        self.api_version == api_version && self.kind == kind
-    }
-
-    fn validate(&self, i: usize) -> Result<(), GrantError> {
-        let field = || format!("grants.lookup[{i}]");
-        let version_ok = match self.api_version.split_once('/') {
-            Some((group, version)) => is_dns_subdomain(group) && is_dns_label(version),
-            None => is_dns_label(&self.api_version),
-        };
-        if !version_ok {
-            return Err(invalid(
-                field(),
-                format!(
-                    "api_version `{}` must be `v1` or `group/version`",
-                    self.api_version
-                ),
-            ));
-        }
-        let kind_ok = self.kind.starts_with(|c: char| c.is_ascii_uppercase())
-            && self.kind.chars().all(|c| c.is_ascii_alphanumeric());
-        if !kind_ok {
-            return Err(invalid(
-                field(),
-                format!(
-                    "kind `{}` must be written as in objects, e.g. `Node`",
-                    self.kind
-                ),
-            ));
-        }
-        if self.kind == "Secret" && self.api_version == "v1" {
-            return Err(invalid(
-                field(),
-                "Secrets are read through `grants.secret` (one Secret, listed keys), not lookup",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// WASI features beyond the deny-everything default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WasiGrant {
-    /// The real (or the runtime's injected) wall clock; otherwise it reads the Unix epoch
-    /// and the monotonic clock stands still.
-    #[serde(default)]
-    pub clocks: bool,
-}
-
-/// Per-provider limits.
+/// Per-provider limits: everything a provider can make the host spend. Each has a
+/// default sized for a small operator and a typed outcome when hit (see `crate::budget`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Wall-clock deadline of one call, host I/O included.
     pub call_timeout_ms: u64,
-    /// Largest linear memory of one call's instance.
+    /// Bytes of all linear memories and tables of one call's instance, summed.
     pub memory_bytes: u64,
     /// Calls running at once; more wait for a slot.
     pub max_concurrent_calls: u32,
     /// Largest HTTP reply body.
     pub max_response_bytes: u64,
-    /// Bytes (keys plus values) the `state` interface keeps.
+    /// Bytes the `state` interface keeps: keys plus values plus a fixed overhead per entry.
     pub state_bytes: u64,
+    /// Entries the `state` interface keeps.
+    pub state_entries: u32,
+    /// Bytes wasmtime may copy out of the guest for one host call or one result (strings
+    /// and lists, aliases counted each time); at most `memory_bytes` is used.
+    pub host_call_bytes: u64,
+    /// Log lines (including `log` calls dropped by the per-minute budget) of one call.
+    pub log_lines_per_call: u32,
+    /// Log bytes of one call.
+    pub log_bytes_per_call: u64,
+    /// Log lines the provider may write per minute, across its calls; more are dropped.
+    pub log_lines_per_minute: u32,
+    /// Log bytes the provider may write per minute, across its calls; more are dropped.
+    pub log_bytes_per_minute: u64,
+    /// Kubernetes API reads (Secret, Node, object, list) of one call; a Secret is read
+    /// once per call however many keys the provider asks for.
+    pub cluster_reads_per_call: u32,
+    /// Kubernetes API reads per second across the provider's calls (bursts of twice that);
+    /// faster reads wait for their turn within the call's deadline.
+    pub cluster_reads_per_second: u32,
+    /// Longest text a provider hands back (an error message, an in-progress note, an id);
+    /// longer text is cut.
+    pub provider_text_bytes: u32,
 }
 
 impl Default for Limits {
@@ -644,6 +293,15 @@ impl Default for Limits {
             max_concurrent_calls: 16,
             max_response_bytes: 4 << 20,
             state_bytes: 64 << 10,
+            state_entries: 256,
+            host_call_bytes: 8 << 20,
+            log_lines_per_call: 256,
+            log_bytes_per_call: 64 << 10,
+            log_lines_per_minute: 1200,
+            log_bytes_per_minute: 1 << 20,
+            cluster_reads_per_call: 512,
+            cluster_reads_per_second: 50,
+            provider_text_bytes: 4096,
         }
     }
 }
@@ -655,9 +313,23 @@ impl Limits {
     pub const MAX_CONCURRENT_CALLS: u32 = 1024;
     pub const MAX_RESPONSE_BYTES: u64 = 1 << 30;
     pub const MAX_STATE_BYTES: u64 = 64 << 20;
+    pub const MAX_STATE_ENTRIES: u32 = 1 << 16;
+    pub const MIN_HOST_CALL_BYTES: u64 = 64 << 10;
+    pub const MAX_LOG_LINES: u32 = 1 << 20;
+    pub const MAX_LOG_BYTES: u64 = 1 << 30;
+    pub const MAX_CLUSTER_READS_PER_CALL: u32 = 1 << 16;
+    pub const MAX_CLUSTER_READS_PER_SECOND: u32 = 10_000;
+    pub const MIN_PROVIDER_TEXT_BYTES: u32 = 256;
+    pub const MAX_PROVIDER_TEXT_BYTES: u32 = 1 << 20;
 
     pub fn call_timeout(&self) -> Duration {
         Duration::from_millis(self.call_timeout_ms)
+    }
+
+    /// The hostcall fuel a call gets: `host_call_bytes`, never more than the memory cap
+    /// (the guest cannot hold more than that, so more is only ever aliases).
+    pub fn effective_host_call_bytes(&self) -> u64 {
+        self.host_call_bytes.min(self.memory_bytes)
     }
 
     fn validate(&self) -> Result<(), GrantError> {
@@ -695,7 +367,61 @@ impl Limits {
             1,
             Self::MAX_RESPONSE_BYTES,
         )?;
-        range("state_bytes", self.state_bytes, 0, Self::MAX_STATE_BYTES)
+        range("state_bytes", self.state_bytes, 0, Self::MAX_STATE_BYTES)?;
+        range(
+            "state_entries",
+            u64::from(self.state_entries),
+            0,
+            u64::from(Self::MAX_STATE_ENTRIES),
+        )?;
+        range(
+            "host_call_bytes",
+            self.host_call_bytes,
+            Self::MIN_HOST_CALL_BYTES,
+            Self::MAX_MEMORY_BYTES,
+        )?;
+        range(
+            "log_lines_per_call",
+            u64::from(self.log_lines_per_call),
+            0,
+            u64::from(Self::MAX_LOG_LINES),
+        )?;
+        range(
+            "log_bytes_per_call",
+            self.log_bytes_per_call,
+            0,
+            Self::MAX_LOG_BYTES,
+        )?;
+        range(
+            "log_lines_per_minute",
+            u64::from(self.log_lines_per_minute),
+            0,
+            u64::from(Self::MAX_LOG_LINES),
+        )?;
+        range(
+            "log_bytes_per_minute",
+            self.log_bytes_per_minute,
+            0,
+            Self::MAX_LOG_BYTES,
+        )?;
+        range(
+            "cluster_reads_per_call",
+            u64::from(self.cluster_reads_per_call),
+            0,
+            u64::from(Self::MAX_CLUSTER_READS_PER_CALL),
+        )?;
+        range(
+            "cluster_reads_per_second",
+            u64::from(self.cluster_reads_per_second),
+            1,
+            u64::from(Self::MAX_CLUSTER_READS_PER_SECOND),
+        )?;
+        range(
+            "provider_text_bytes",
+            u64::from(self.provider_text_bytes),
+            u64::from(Self::MIN_PROVIDER_TEXT_BYTES),
+            u64::from(Self::MAX_PROVIDER_TEXT_BYTES),
+        )
     }
 }
 

@@ -5,6 +5,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
+use crate::base::{base_config, error_chain};
+
 /// The exported interface every provider implements (without version).
 pub const PROVIDER_INTERFACE: &str = "cro:provider/provider";
 /// The world providers target (without version).
@@ -77,25 +79,6 @@ pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
     let component =
         Component::new(&engine, bytes).map_err(|e| InspectError::Invalid(error_chain(&e)))?;
     Ok(describe(&engine, &component))
-}
-
-/// The engine settings every cro engine shares. wasmtime is built without a garbage
-/// collector (smaller, faster to build), so the proposals that need one are switched off;
-/// providers compiled for wasm32-wasip2 use none of them.
-pub(crate) fn base_config() -> wasmtime::Config {
-    let mut config = wasmtime::Config::new();
-    config
-        .wasm_component_model(true)
-        .wasm_gc(false)
-        .gc_support(false);
-    config
-}
-
-pub(crate) fn error_chain(e: &wasmtime::Error) -> String {
-    e.chain()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 fn item(engine: &Engine, name: &str, ty: &ComponentItem) -> Item {

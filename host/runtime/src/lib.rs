@@ -41,7 +41,10 @@
 //! stop at the deadline, HTTP timeouts are capped by what is left of it, and guest code is
 //! interrupted by the epoch callback (which also yields to tokio every tick, so a spinning
 //! guest cannot starve other calls on a 2-core runtime). Memory is capped per call
-//! (`limits.memory_bytes`) and by the pool. A trap, timeout or memory overrun becomes a
+//! (`limits.memory_bytes`, all memories and tables together) and by the pool, whose
+//! per-component limits refuse at load a component that would take more than one slot.
+//! Everything else a call can make the host spend has a budget too (see [`budget`] and
+//! `docs/sandbox.md`). A trap, timeout, memory overrun or budget overrun becomes a
 //! [`CallError`] for that call only; the instance is dropped. State survives between calls
 //! only through the host `state` interface: a per-provider, size-bounded in-memory map
 //! with TTLs (that is where the FTI provider keeps its token).
@@ -65,27 +68,37 @@
 //! Vendors pay a small price: they use our `http::send` instead of a `wasi:http` client.
 //!
 //! # Modules
-//! - [`grants`]: the provider spec and its capability grants (YAML/JSON, validated).
+//! - [`grants`]: the provider spec, its capability grants and its limits (YAML/JSON,
+//!   validated).
 //! - [`gate`]: the single choke point every host import goes through.
+//! - [`caps`]: one module per capability (grant, check, budget, host functions).
+//! - [`budget`]: what a provider can spend and the counters of budgets hit.
 //! - [`cluster`]: read-only cluster access ([`cluster::StaticCluster`],
 //!   [`cluster::KubeCluster`]).
 //! - [`mod@inspect`]: a component's world, version, imports and exports.
 
+mod base;
 pub mod bindings;
+pub mod budget;
+mod call;
+pub mod caps;
 pub mod cluster;
 pub mod domain;
+mod engine;
 pub mod gate;
 pub mod grants;
-mod host;
 pub mod inspect;
 mod provider;
 mod runtime;
 
+pub use base::WallClock;
+pub use budget::{Budget, BudgetCounters, BudgetExceeded};
 pub use domain::{
     AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, FabricError,
     ProviderError, RemoveOutcome,
 };
-pub use grants::{GrantError, ProviderSpec};
+pub use engine::{EngineError, RuntimeOptions};
+pub use grants::{GrantError, Limits, ProviderSpec};
 pub use inspect::{ComponentInfo, InspectError, inspect};
 pub use provider::{CallError, Provider};
-pub use runtime::{LoadError, Runtime, RuntimeOptions, WallClock};
+pub use runtime::{LoadError, Runtime};

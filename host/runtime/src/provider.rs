@@ -14,16 +14,20 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Store, UpdateDeadline};
 
+use crate::base::{DeadlineExceeded, clip, error_chain, escape_line};
 use crate::bindings::ProviderWorldPre;
 use crate::bindings::cro::provider::types as wit;
 use crate::bindings::exports::cro::provider::provider::Guest;
-use crate::domain::{AddOutcome, ComposableResource, DeviceInfo, ProviderError, RemoveOutcome};
+use crate::budget::{Budget, BudgetCounters, BudgetExceeded};
+use crate::call::{CallCtx, ProviderCaps};
+use crate::caps::wasi::{self, capture::TailCapture};
+use crate::domain::{
+    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, FabricError, ProviderError,
+    RemoveOutcome,
+};
+use crate::engine::EngineShared;
 use crate::gate::DenialCounts;
 use crate::grants::ProviderSpec;
-use crate::host::capture::TailCapture;
-use crate::host::{CallCtx, DeadlineExceeded, ProviderShared, wasi};
-use crate::inspect::error_chain;
-use crate::runtime::RuntimeInner;
 
 /// How long after the deadline the outer timeout fires. Guest code and host imports stop
 /// at the deadline themselves; this only catches what ignores it.
@@ -43,9 +47,14 @@ pub enum CallError {
     /// The call ran past `limits.call_timeout_ms` (guest code or host I/O).
     #[error("provider call exceeded its deadline of {} ms", .0.as_millis())]
     Timeout(Duration),
-    /// The guest asked for more than `limits.memory_bytes`.
+    /// The guest asked for more than `limits.memory_bytes` (all its memories and tables
+    /// together).
     #[error("provider exceeded its memory limit of {limit_bytes} bytes")]
     OutOfMemory { limit_bytes: u64 },
+    /// The call spent more of something than its provider's `limits` allow (log lines,
+    /// cluster reads, bytes handed to the host); the host stopped it.
+    #[error("{0}")]
+    Budget(BudgetExceeded),
     /// No instance could be made (not a guest fault).
     #[error("provider could not be instantiated: {0}")]
     Instantiate(String),
@@ -59,29 +68,46 @@ impl CallError {
             _ => None,
         }
     }
+
+    /// The budget the call ran over, if that is why it failed.
+    pub fn budget(&self) -> Option<Budget> {
+        match self {
+            CallError::Budget(b) => Some(b.budget),
+            CallError::OutOfMemory { .. } => Some(Budget::Memory),
+            _ => None,
+        }
+    }
+}
+
+/// wasmtime's "hostcall fuel" error type is private; it is recognised by its words.
+fn hostcall_fuel_exhausted(e: &wasmtime::Error) -> bool {
+    e.chain().any(|c| {
+        c.to_string()
+            .contains("fuel allocated for hostcalls has been exhausted")
+    })
 }
 
 pub(crate) struct ProviderInner {
-    runtime: Arc<RuntimeInner>,
+    runtime: Arc<EngineShared>,
     spec: ProviderSpec,
     pre: ProviderWorldPre<CallCtx>,
-    shared: Arc<ProviderShared>,
+    caps: Arc<ProviderCaps>,
     calls: Semaphore,
 }
 
 impl ProviderInner {
     pub(crate) fn new(
-        runtime: Arc<RuntimeInner>,
+        runtime: Arc<EngineShared>,
         spec: ProviderSpec,
         pre: ProviderWorldPre<CallCtx>,
-        shared: Arc<ProviderShared>,
+        caps: Arc<ProviderCaps>,
     ) -> ProviderInner {
         let calls = Semaphore::new(spec.limits.max_concurrent_calls as usize);
         ProviderInner {
             runtime,
             spec,
             pre,
-            shared,
+            caps,
             calls,
         }
     }
@@ -133,7 +159,24 @@ impl Provider {
 
     /// Capability denials so far (for metrics).
     pub fn denials(&self) -> DenialCounts {
-        self.inner.shared.gate.denials()
+        self.inner.caps.gate.denials()
+    }
+
+    /// How often each budget was hit so far (for metrics).
+    pub fn budgets(&self) -> &BudgetCounters {
+        &self.inner.caps.budgets
+    }
+
+    /// Entries and bytes (as charged) the provider's `state` holds now.
+    pub fn state_usage(&self) -> (usize, usize) {
+        self.inner.caps.state.usage()
+    }
+
+    fn text(&self) -> Clipper<'_> {
+        Clipper {
+            max: self.inner.spec.limits.provider_text_bytes as usize,
+            budgets: &self.inner.caps.budgets,
+        }
     }
 
     /// Attaches a device of the resource's type and model to its target node.
@@ -147,7 +190,11 @@ impl Provider {
                 Box::pin(async move { g.call_add_resource(s, &r).await })
             }))
             .await?;
-        Ok(reply.map_err(ProviderError::from)?.into())
+        let t = self.text();
+        match reply {
+            Ok(outcome) => Ok(t.add_outcome(outcome.into())),
+            Err(e) => Err(t.error(e.into()).into()),
+        }
     }
 
     /// Detaches the resource's device.
@@ -161,7 +208,11 @@ impl Provider {
                 Box::pin(async move { g.call_remove_resource(s, &r).await })
             }))
             .await?;
-        Ok(reply.map_err(ProviderError::from)?.into())
+        let t = self.text();
+        match reply {
+            Ok(outcome) => Ok(t.remove_outcome(outcome.into())),
+            Err(e) => Err(t.error(e.into()).into()),
+        }
     }
 
     /// Checks the health of an attached device.
@@ -172,7 +223,7 @@ impl Provider {
                 Box::pin(async move { g.call_check_resource(s, &r).await })
             }))
             .await?;
-        Ok(reply.map_err(ProviderError::from)?)
+        reply.map_err(|e| self.text().error(e.into()).into())
     }
 
     /// Every device the fabric has attached to the cluster's machines.
@@ -180,11 +231,14 @@ impl Provider {
         let reply = self
             .call(Box::new(|g, s| Box::pin(g.call_get_resources(s))))
             .await?;
-        Ok(reply
-            .map_err(ProviderError::from)?
-            .into_iter()
-            .map(DeviceInfo::from)
-            .collect())
+        let t = self.text();
+        match reply {
+            Ok(devices) => Ok(devices
+                .into_iter()
+                .map(|d| t.device(DeviceInfo::from(d)))
+                .collect()),
+            Err(e) => Err(t.error(e.into()).into()),
+        }
     }
 
     async fn call<R>(&self, invoke: Invoke<R>) -> Result<R, CallError> {
@@ -205,9 +259,15 @@ impl Provider {
             stderr.clone(),
         );
         let memory = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
-        let ctx = CallCtx::new(inner.shared.clone(), deadline, memory, wasi);
+        let ctx = inner
+            .caps
+            .call(deadline, memory, inner.runtime.slot_size(), wasi);
         let mut store = Store::new(&inner.runtime.engine, ctx);
         store.limiter(|c| &mut c.limiter);
+        // What wasmtime copies out of the guest for one host call or result (strings and
+        // lists, each alias of the same bytes counted again) is bounded like memory.
+        let fuel = usize::try_from(limits.effective_host_call_bytes()).unwrap_or(usize::MAX);
+        store.set_hostcall_fuel(fuel);
         // Check every tick: yield so other tasks run on the same worker, and stop the
         // guest once the deadline has passed.
         store.set_epoch_deadline(1);
@@ -248,9 +308,20 @@ impl Provider {
             Failure::Instantiate(e) => (e, true),
             Failure::Call(e) => (e, false),
         };
+        let budgets = &inner.caps.budgets;
         let err = if error.downcast_ref::<DeadlineExceeded>().is_some() {
             CallError::Timeout(timeout)
+        } else if let Some(over) = error.downcast_ref::<BudgetExceeded>() {
+            // Counted where it was detected.
+            CallError::Budget(*over)
+        } else if hostcall_fuel_exhausted(&error) {
+            budgets.hit(Budget::HostCallBytes);
+            CallError::Budget(BudgetExceeded {
+                budget: Budget::HostCallBytes,
+                limit: limits.effective_host_call_bytes(),
+            })
         } else if memory_refused {
+            budgets.hit(Budget::Memory);
             CallError::OutOfMemory {
                 limit_bytes: limits.memory_bytes,
             }
@@ -272,7 +343,12 @@ impl Provider {
                 stderr: stderr.text(),
             }
         };
-        tracing::warn!(provider = %inner.spec.name, error = %err, "provider call failed");
+        let err = self.text().call_error(err);
+        tracing::warn!(
+            provider = %inner.spec.name,
+            error = %escape_line(&err.to_string(), LOGGED_ERROR_BYTES),
+            "provider call failed"
+        );
         Err(err)
     }
 
@@ -280,8 +356,106 @@ impl Provider {
         for (stream, capture) in [("stdout", stdout), ("stderr", stderr)] {
             let text = capture.text();
             if !text.is_empty() {
+                let text = escape_line(&text, self.inner.runtime.options.guest_output_bytes);
                 tracing::debug!(provider = %self.inner.spec.name, stream, "{text}");
             }
+        }
+    }
+}
+
+/// Bytes of a failed call's error quoted in its warning line.
+const LOGGED_ERROR_BYTES: usize = 2048;
+
+/// Cuts every string a provider hands back to `limits.provider_text_bytes`, counting
+/// each cut: what reaches the operator (and `status.error`, Events, logs) is bounded
+/// whatever the component returns.
+struct Clipper<'a> {
+    max: usize,
+    budgets: &'a BudgetCounters,
+}
+
+impl Clipper<'_> {
+    fn s(&self, text: String) -> String {
+        if text.len() <= self.max {
+            return text;
+        }
+        self.budgets.hit(Budget::ProviderText);
+        let cut = text.len() - clip(&text, self.max).len();
+        let mut text = text;
+        text.truncate(text.len() - cut);
+        text.push_str(&format!("… [{cut} more bytes cut]"));
+        text
+    }
+
+    /// The last `max` bytes (a panic message comes last on stderr).
+    fn tail(&self, text: String) -> String {
+        if text.len() <= self.max {
+            return text;
+        }
+        self.budgets.hit(Budget::ProviderText);
+        let mut start = text.len() - self.max;
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("[{start} earlier bytes dropped] {}", &text[start..])
+    }
+
+    fn error(&self, e: ProviderError) -> ProviderError {
+        use ProviderError as P;
+        match e {
+            P::Fabric(f) => P::Fabric(FabricError {
+                status: f.status,
+                code: self.s(f.code),
+                message: self.s(f.message),
+            }),
+            P::MalformedReply(m) => P::MalformedReply(self.s(m)),
+            P::NotFound(m) => P::NotFound(self.s(m)),
+            P::Warning(m) => P::Warning(self.s(m)),
+            P::Critical(m) => P::Critical(self.s(m)),
+            P::Denied(m) => P::Denied(self.s(m)),
+            P::Config(m) => P::Config(self.s(m)),
+            P::Unavailable(m) => P::Unavailable(self.s(m)),
+            P::NoCapacity(m) => P::NoCapacity(self.s(m)),
+            P::Other(m) => P::Other(self.s(m)),
+        }
+    }
+
+    fn call_error(&self, e: CallError) -> CallError {
+        match e {
+            CallError::Trap { message, stderr } => CallError::Trap {
+                message: self.s(message),
+                stderr: self.tail(stderr),
+            },
+            CallError::Instantiate(m) => CallError::Instantiate(self.s(m)),
+            other => other,
+        }
+    }
+
+    fn add_outcome(&self, o: AddOutcome) -> AddOutcome {
+        match o {
+            AddOutcome::Attached(d) => AddOutcome::Attached(AttachedDevice {
+                device_id: self.s(d.device_id),
+                fabric_device_id: self.s(d.fabric_device_id),
+            }),
+            AddOutcome::InProgress(m) => AddOutcome::InProgress(self.s(m)),
+        }
+    }
+
+    fn remove_outcome(&self, o: RemoveOutcome) -> RemoveOutcome {
+        match o {
+            RemoveOutcome::Removed => RemoveOutcome::Removed,
+            RemoveOutcome::InProgress(m) => RemoveOutcome::InProgress(self.s(m)),
+        }
+    }
+
+    fn device(&self, d: DeviceInfo) -> DeviceInfo {
+        DeviceInfo {
+            node: self.s(d.node),
+            machine_id: self.s(d.machine_id),
+            device_type: d.device_type,
+            model: self.s(d.model),
+            device_id: self.s(d.device_id),
+            fabric_device_id: self.s(d.fabric_device_id),
         }
     }
 }

@@ -1,72 +1,30 @@
-//! The shared engine and the loading of providers.
+//! Loading providers: compiling components once, checking them against the contract and
+//! the pool, and wiring each provider's capabilities.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
 
-use tokio::sync::Semaphore;
-use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::component::Component;
 
-use crate::bindings::{ProviderWorld, ProviderWorldPre};
+use crate::base::error_chain;
+use crate::bindings::ProviderWorldPre;
+use crate::budget::BudgetCounters;
+use crate::call::ProviderCaps;
+use crate::caps::http::{Http, egress::HttpEgress};
+use crate::caps::log::Log;
+use crate::caps::lookup::Lookup;
+use crate::caps::reads::ReadLimiter;
+use crate::caps::secrets::Secrets;
+use crate::caps::state::StateStore;
 use crate::cluster::ClusterReader;
+use crate::engine::{EngineError, EngineShared, RuntimeOptions};
 use crate::gate::Gate;
 use crate::grants::{GrantError, ProviderSpec};
-use crate::host::http::HttpEgress;
-use crate::host::state::StateStore;
-use crate::host::{CallCtx, ProviderShared};
 use crate::inspect::{self, ComponentInfo, InspectError, SUPPORTED_VERSIONS};
 use crate::provider::{Provider, ProviderInner};
-
-/// The wall clock the runtime uses for state TTLs and (when granted) the guest's
-/// `wasi:clocks/wall-clock`. Tests inject one to drive token expiry.
-pub type WallClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
-
-/// Engine-wide settings.
-#[derive(Clone)]
-pub struct RuntimeOptions {
-    /// Instances alive at once across all providers (the pooling allocator's size). Calls
-    /// beyond it wait for a slot.
-    pub max_instances: u32,
-    /// The largest `limits.memory_bytes` a provider may be given (each pool slot reserves
-    /// this much address space).
-    pub max_memory_bytes: u64,
-    /// How often the epoch advances: the granularity of deadlines for guest code and of
-    /// yielding to other tasks.
-    pub epoch_tick: Duration,
-    /// Bytes of each call's stdout and stderr kept (the tail).
-    pub guest_output_bytes: usize,
-    /// The wall clock; `None` is the system clock.
-    pub wall_clock: Option<WallClock>,
-}
-
-impl Default for RuntimeOptions {
-    /// Sized for a small operator (2 cores, a few GiB): 64 instances of up to 256 MiB.
-    fn default() -> RuntimeOptions {
-        RuntimeOptions {
-            max_instances: 64,
-            max_memory_bytes: 256 << 20,
-            epoch_tick: Duration::from_millis(10),
-            guest_output_bytes: 16 << 10,
-            wall_clock: None,
-        }
-    }
-}
-
-impl fmt::Debug for RuntimeOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RuntimeOptions")
-            .field("max_instances", &self.max_instances)
-            .field("max_memory_bytes", &self.max_memory_bytes)
-            .field("epoch_tick", &self.epoch_tick)
-            .field("guest_output_bytes", &self.guest_output_bytes)
-            .field("wall_clock", &self.wall_clock.as_ref().map(|_| "injected"))
-            .finish()
-    }
-}
 
 /// Why a provider could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -109,10 +67,21 @@ pub enum LoadError {
     Incompatible(String),
     #[error("provider limits: {0}")]
     Limits(String),
+    /// The component needs more core instances, memories or tables than one pool slot
+    /// holds (`RuntimeOptions::max_*_per_component`); running it would take what other
+    /// providers' calls need.
+    #[error("the component is larger than a provider may be: {0}")]
+    TooLarge(String),
     #[error("provider HTTP client: {0}")]
     Http(String),
     #[error("runtime: {0}")]
     Engine(String),
+}
+
+impl From<EngineError> for LoadError {
+    fn from(e: EngineError) -> LoadError {
+        LoadError::Engine(e.0)
+    }
 }
 
 /// Distinct binaries kept compiled for reuse.
@@ -126,13 +95,8 @@ struct Compiled {
     info: Arc<ComponentInfo>,
 }
 
-pub(crate) struct RuntimeInner {
-    pub(crate) engine: Engine,
-    linker: Linker<CallCtx>,
-    pub(crate) options: RuntimeOptions,
-    pub(crate) clock: WallClock,
-    /// One permit per pool slot, so calls wait instead of failing when the pool is busy.
-    pub(crate) slots: Arc<Semaphore>,
+struct RuntimeInner {
+    shared: Arc<EngineShared>,
     compiled: Mutex<HashMap<u64, Vec<Compiled>>>,
 }
 
@@ -148,82 +112,39 @@ pub struct Runtime {
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runtime")
-            .field("options", &self.inner.options)
+            .field("options", &self.inner.shared.options)
             .finish_non_exhaustive()
     }
 }
 
-fn engine(options: &RuntimeOptions) -> Result<Engine, LoadError> {
-    let memory = usize::try_from(options.max_memory_bytes)
-        .map_err(|_| LoadError::Engine("max_memory_bytes does not fit this platform".into()))?;
-    let n = options.max_instances.max(1);
-    let mut pool = PoolingAllocationConfig::new();
-    // Rust components have one memory and a handful of core instances and tables (main
-    // module plus the shims that wire up indirect lowering); leave headroom.
-    pool.total_component_instances(n)
-        .total_core_instances(n.saturating_mul(8))
-        .total_memories(n.saturating_mul(2))
-        .total_tables(n.saturating_mul(4))
-        .total_stacks(n)
-        .max_memory_size(memory);
-    let mut config = inspect::base_config();
-    config
-        .epoch_interruption(true)
-        .memory_reservation(options.max_memory_bytes)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config).map_err(|e| LoadError::Engine(inspect::error_chain(&e)))
-}
-
-fn start_ticker(engine: &Engine, tick: Duration) -> Result<(), LoadError> {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("cro-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(tick);
-            }
-        })
-        .map(|_| ())
-        .map_err(|e| LoadError::Engine(format!("cannot start the epoch thread: {e}")))
+/// wasmtime refuses a component above the pool's per-component limits when compiling
+/// it; its error type is private, so it is recognised by its words.
+fn pool_refusal(e: &wasmtime::Error) -> Option<String> {
+    let text = error_chain(e);
+    text.contains("pooling allocator").then_some(text)
 }
 
 impl Runtime {
     pub fn new(options: RuntimeOptions) -> Result<Runtime, LoadError> {
-        if options.epoch_tick.is_zero() {
-            return Err(LoadError::Engine("epoch_tick must be positive".into()));
-        }
-        let engine = engine(&options)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| LoadError::Engine(inspect::error_chain(&e)))?;
-        ProviderWorld::add_to_linker::<CallCtx, HasSelf<CallCtx>>(&mut linker, |c| c)
-            .map_err(|e| LoadError::Engine(inspect::error_chain(&e)))?;
-        start_ticker(&engine, options.epoch_tick)?;
-        let clock = options
-            .wall_clock
-            .clone()
-            .unwrap_or_else(|| Arc::new(SystemTime::now));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
-                slots: Arc::new(Semaphore::new(options.max_instances.max(1) as usize)),
-                engine,
-                linker,
-                options,
-                clock,
+                shared: Arc::new(EngineShared::start(options)?),
                 compiled: Mutex::new(HashMap::new()),
             }),
         })
     }
 
     pub fn options(&self) -> &RuntimeOptions {
-        &self.inner.options
+        &self.inner.shared.options
     }
 
     /// Describes a component (world, contract version, imports, exports).
     pub fn inspect(&self, bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
-        Ok(self.compile(bytes)?.info.as_ref().clone())
+        match self.compile(bytes) {
+            Ok(c) => Ok(c.info.as_ref().clone()),
+            Err(LoadError::Component(e)) => Err(e),
+            Err(e) => Err(InspectError::Invalid(e.to_string())),
+        }
     }
 
     /// Loads `spec.component` and makes a provider of it.
@@ -249,10 +170,11 @@ impl Runtime {
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
         spec.validate()?;
-        if spec.limits.memory_bytes > self.inner.options.max_memory_bytes {
+        let engine = &self.inner.shared;
+        if spec.limits.memory_bytes > engine.options.max_memory_bytes {
             return Err(LoadError::Limits(format!(
                 "memory_bytes {} is above this runtime's maximum of {}",
-                spec.limits.memory_bytes, self.inner.options.max_memory_bytes
+                spec.limits.memory_bytes, engine.options.max_memory_bytes
             )));
         }
         let this = self.clone();
@@ -274,44 +196,81 @@ impl Runtime {
             }
             Some(_) => {}
         }
-        let pre = self
-            .inner
+        let pre = engine
             .linker
             .instantiate_pre(&compiled.component)
             .map_err(|e| LoadError::UnsatisfiedImports {
                 imports: info.unsatisfied_imports.clone(),
-                detail: inspect::error_chain(&e),
+                detail: error_chain(&e),
             })?;
-        let pre = ProviderWorldPre::new(pre)
-            .map_err(|e| LoadError::Incompatible(inspect::error_chain(&e)))?;
-        let gate = Arc::new(Gate::new(spec.name.clone(), Arc::new(spec.grants.clone())));
-        let http = HttpEgress::new(&spec.grants, gate.clone(), spec.limits.max_response_bytes)
-            .map_err(LoadError::Http)?;
-        let state_bytes = usize::try_from(spec.limits.state_bytes)
-            .map_err(|_| LoadError::Limits("state_bytes does not fit this platform".into()))?;
-        let shared = Arc::new(ProviderShared {
-            name: spec.name.clone(),
-            config: spec.config.clone(),
-            gate,
-            state: StateStore::new(state_bytes, self.inner.clock.clone()),
-            http,
-            cluster,
-        });
+        let pre =
+            ProviderWorldPre::new(pre).map_err(|e| LoadError::Incompatible(error_chain(&e)))?;
+        let caps = self.capabilities(spec, cluster)?;
         tracing::info!(
             provider = %spec.name,
             contract = info.contract_version.as_deref().unwrap_or_default(),
             "provider loaded"
         );
         Ok(Provider::new(ProviderInner::new(
-            self.inner.clone(),
+            engine.clone(),
             spec.clone(),
             pre,
-            shared,
+            Arc::new(caps),
         )))
     }
 
+    /// Each capability's provider-level side, from the spec.
+    fn capabilities(
+        &self,
+        spec: &ProviderSpec,
+        cluster: Arc<dyn ClusterReader>,
+    ) -> Result<ProviderCaps, LoadError> {
+        let limits = &spec.limits;
+        let gate = Arc::new(Gate::new(spec.name.clone(), Arc::new(spec.grants.clone())));
+        let budgets = Arc::new(BudgetCounters::default());
+        let egress = HttpEgress::new(&spec.grants.http, gate.clone(), limits.max_response_bytes)
+            .map_err(LoadError::Http)?;
+        let state_bytes = usize::try_from(limits.state_bytes)
+            .map_err(|_| LoadError::Limits("state_bytes does not fit this platform".into()))?;
+        let config: BTreeMap<String, String> = spec.config.clone();
+        Ok(ProviderCaps {
+            config: Arc::new(config),
+            http: Arc::new(Http {
+                egress,
+                gate: gate.clone(),
+            }),
+            secrets: Arc::new(Secrets {
+                gate: gate.clone(),
+                cluster: cluster.clone(),
+            }),
+            lookup: Arc::new(Lookup {
+                gate: gate.clone(),
+                cluster,
+            }),
+            reads: Arc::new(ReadLimiter::new(
+                limits.cluster_reads_per_call,
+                limits.cluster_reads_per_second,
+                budgets.clone(),
+            )),
+            log: Arc::new(Log::new(
+                spec.name.clone(),
+                gate.clone(),
+                budgets.clone(),
+                limits,
+            )),
+            state: Arc::new(StateStore::new(
+                state_bytes,
+                limits.state_entries as usize,
+                self.inner.shared.clock.clone(),
+                budgets.clone(),
+            )),
+            gate,
+            budgets,
+        })
+    }
+
     /// Compiles once per distinct binary (the same bytes loaded twice share the code).
-    fn compile(&self, bytes: &[u8]) -> Result<Compiled, InspectError> {
+    fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         inspect::sniff(bytes)?;
         let mut hasher = DefaultHasher::new();
         bytes.hash(&mut hasher);
@@ -326,9 +285,12 @@ impl Runtime {
         if let Some(c) = cached {
             return Ok(c);
         }
-        let component = Component::new(&self.inner.engine, bytes)
-            .map_err(|e| InspectError::Invalid(inspect::error_chain(&e)))?;
-        let info = Arc::new(inspect::describe(&self.inner.engine, &component));
+        let engine = &self.inner.shared.engine;
+        let component = Component::new(engine, bytes).map_err(|e| match pool_refusal(&e) {
+            Some(text) => LoadError::TooLarge(text),
+            None => LoadError::Component(InspectError::Invalid(error_chain(&e))),
+        })?;
+        let info = Arc::new(inspect::describe(engine, &component));
         let compiled = Compiled {
             bytes: bytes.into(),
             component,

@@ -421,3 +421,272 @@ async fn no_sockets() {
         "{accepted:?}"
     );
 }
+
+// ---- Budgets: each row of the sandbox review, with a well-behaved provider beside it.
+
+use cro_runtime::{Budget, BudgetExceeded};
+
+/// Collects what the current thread logs at `level` and above.
+fn capture_logs(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(level)
+        .with_ansi(false)
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    (captured, guard)
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+// Current-thread runtime: the calls run on this thread, under this thread's subscriber.
+#[tokio::test(flavor = "current_thread")]
+async fn a_log_loop_is_stopped_at_its_budget() {
+    let (captured, _guard) = capture_logs(tracing::Level::INFO);
+    let mut looping = spec("log-loop", &[("size", "1000")]);
+    looping.name = "chatty".into();
+    let limits = looping.limits;
+    let p = load(&looping).await;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::LogBytes,
+            limit: limits.log_bytes_per_call,
+        }))
+    );
+    let text = captured.text();
+    let lines = text.lines().filter(|l| l.contains("chatty")).count();
+    let bytes: usize = text
+        .lines()
+        .filter(|l| l.contains("chatty"))
+        .map(str::len)
+        .sum();
+    // 1,000,000 messages asked for; at most a call's budget of them written.
+    assert!(
+        lines as u64 <= u64::from(limits.log_lines_per_call) + 2,
+        "{lines}"
+    );
+    assert!((bytes as u64) < 2 * limits.log_bytes_per_call, "{bytes}");
+    assert_eq!(p.budgets().get(Budget::LogBytes), 1);
+
+    // Tiny lines: the line budget stops it.
+    let p = load(&spec("log-loop", &[("size", "1")])).await;
+    let out = p.add_resource(&gpu("b")).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::LogLines,
+            limit: u64::from(limits.log_lines_per_call),
+        }))
+    );
+    let text = out.unwrap_err().to_string();
+    assert!(text.contains("limits.log_lines_per_call"), "{text}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_log_rate_across_calls_is_bounded() {
+    let (captured, _guard) = capture_logs(tracing::Level::INFO);
+    let mut steady = spec("log-loop", &[("size", "10"), ("count", "50")]);
+    steady.name = "steady".into();
+    steady.limits.log_lines_per_minute = 120;
+    let p = load(&steady).await;
+    // Ten calls of 50 lines each: each within its own budget, 500 lines in all.
+    let calls = async {
+        for i in 0..10 {
+            assert!(p.add_resource(&gpu(&format!("r{i}"))).await.is_ok());
+        }
+    };
+    beside_a_good_provider(calls).await;
+    let text = captured.text();
+    let written = text
+        .lines()
+        .filter(|l| l.contains("steady") && l.contains("xxxxxxxxxx"))
+        .count();
+    assert_eq!(written, 120, "{text:.2000}");
+    assert!(
+        text.contains("over its log budget for this minute"),
+        "{text:.2000}"
+    );
+    assert_eq!(p.budgets().get(Budget::LogRate), 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_newline_in_a_log_message_cannot_forge_a_line() {
+    let (captured, _guard) = capture_logs(tracing::Level::INFO);
+    let forged = "innocent\n2026-01-01T00:00:00Z ERROR cro_operator: forged\r\x1b[2J";
+    let mut logging = spec("log", &[("message", forged)]);
+    logging.name = "forger".into();
+    let p = load(&logging).await;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(out, ok("logged", "log"));
+    let text = captured.text();
+    for line in text.lines() {
+        assert!(!line.starts_with("2026-01-01"), "forged line: {line}");
+    }
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cro_provider:") && l.contains("forger"))
+        .collect();
+    assert_eq!(ours.len(), 3, "{text}"); // info, warn, error
+    for line in ours {
+        assert!(
+            line.contains(
+                "innocent\\n2026-01-01T00:00:00Z ERROR cro_operator: forged\\r\\u{1b}[2J"
+            ),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn megabyte_names_of_ungranted_things_make_short_denials() {
+    let (captured, _guard) = capture_logs(tracing::Level::INFO);
+    let mut nosy = spec("deny-big", &[("count", "20")]);
+    nosy.name = "nosy".into();
+    nosy.grants.lookup = vec![LookupGrant::new("v1", "Node")];
+    let p = load(&nosy).await;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let Err(CallError::Provider(ProviderError::Denied(denials))) = &out else {
+        panic!("{out:?}")
+    };
+    // Four denials of 1 MiB names each, every one quoted clipped.
+    assert_eq!(denials.split(" | ").count(), 4, "{denials:.500}");
+    assert!(denials.len() < 4 * 400, "{} bytes", denials.len());
+    assert!(denials.contains("more bytes cut"), "{denials:.500}");
+    // 80 denials asked for, 20 MiB of names in all: the log holds short lines only.
+    let text = captured.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("nosy")).collect();
+    assert!(!lines.is_empty());
+    assert!(lines.iter().all(|l| l.len() < 600), "{:.600}", lines[0]);
+    assert!(text.len() < 200 << 10, "{} bytes logged", text.len());
+    assert_eq!(p.denials().total(), 80);
+}
+
+fn read_spec(what: &str, count: &str) -> ProviderSpec {
+    let mut spec = secret_spec("password", &["password"]);
+    spec.config.insert("mode".into(), "read-loop".into());
+    spec.config.insert("what".into(), what.into());
+    spec.config.insert("count".into(), count.into());
+    spec.grants.lookup = vec![LookupGrant::new("v1", "Node")];
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_read_in_a_loop_cost_one_api_read() {
+    let cluster = Counting::new(cluster());
+    let p = load_with(&read_spec("secret", "20000"), cluster.clone()).await;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(out, ok("20000 reads", "read-loop"));
+    assert_eq!(cluster.reads(), 1, "one Secret read for 20,000 keys");
+    // The next call reads it afresh (a rotated password is seen).
+    assert_eq!(
+        p.add_resource(&gpu("b")).await,
+        ok("20000 reads", "read-loop")
+    );
+    assert_eq!(cluster.reads(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_reads_in_a_loop_are_stopped_at_the_call_budget() {
+    for what in ["node", "nodes"] {
+        let cluster = Counting::new(cluster());
+        let mut spec = read_spec(what, "20000");
+        spec.limits.cluster_reads_per_call = 40;
+        spec.limits.cluster_reads_per_second = 1000;
+        let p = load_with(&spec, cluster.clone()).await;
+        let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+        assert_eq!(
+            out,
+            Err(CallError::Budget(BudgetExceeded {
+                budget: Budget::ClusterReads,
+                limit: 40
+            })),
+            "{what}"
+        );
+        assert_eq!(cluster.reads(), 40, "{what}");
+        assert_eq!(p.budgets().get(Budget::ClusterReads), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_reads_are_rate_limited_per_provider() {
+    let cluster = Counting::new(cluster());
+    let mut spec = read_spec("node", "20000");
+    spec.limits.call_timeout_ms = 1500;
+    spec.limits.cluster_reads_per_second = 10;
+    let p = load_with(&spec, cluster.clone()).await;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(out, Err(CallError::Timeout(Duration::from_millis(1500))));
+    // A burst of 20, then 10 a second for 1.5 s: never 20,000.
+    let reads = cluster.reads();
+    assert!((20..=40).contains(&reads), "{reads} reads");
+    assert_eq!(p.budgets().get(Budget::ClusterRate), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_names_must_be_kubernetes_names() {
+    let cluster = Counting::new(cluster());
+    let grants = [("v1", "Node"), ("metal3.io/v1alpha1", "BareMetalHost")];
+    let hostile = [
+        ("node", "..", None),
+        ("node", "worker-0/proxy", None),
+        ("node", "worker-0?labelSelector=a", None),
+        ("node", "worker-0%2Fproxy", None),
+        ("object", "bmh-0", Some("../../api/v1/nodes/worker-0/proxy")),
+        ("object", "..", Some("openshift-machine-api")),
+    ];
+    let checks = async {
+        for (what, name, namespace) in hostile {
+            let mut config = vec![
+                ("what", what),
+                ("name", name),
+                ("api_version", "metal3.io/v1alpha1"),
+                ("kind", "BareMetalHost"),
+            ];
+            if let Some(ns) = namespace {
+                config.push(("namespace", ns));
+            }
+            let p = load_with(&lookup_spec(&config, &grants), cluster.clone()).await;
+            let out = p.add_resource(&gpu("a")).await;
+            let Err(CallError::Provider(ProviderError::Denied(m))) = &out else {
+                panic!("{name}: {out:?}")
+            };
+            assert!(m.contains("is not a Kubernetes"), "{m}");
+            assert_eq!(p.denials().lookup, 1);
+        }
+    };
+    beside_a_good_provider(checks).await;
+    assert_eq!(cluster.reads(), 0, "nothing reached the API server");
+    // A proper name still works.
+    let p = load_with(
+        &lookup_spec(&[("what", "node"), ("name", "worker-0")], &grants),
+        cluster.clone(),
+    )
+    .await;
+    assert!(p.add_resource(&gpu("a")).await.is_ok());
+    assert_eq!(cluster.reads(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_state_entries_are_charged_and_capped() {
+    let p = load(&spec("state-fill", &[])).await;
+    let limits = p.spec().limits;
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (entries, charged) = p.state_usage();
+    assert_eq!(out, ok(&format!("{entries} entries"), "state-fill"));
+    // 64 KiB of state holds at most a few hundred tiny entries, each charged its
+    // overhead: what the host keeps is what the bound says.
+    assert!(entries <= limits.state_entries as usize, "{entries}");
+    assert!(charged as u64 <= limits.state_bytes, "{charged}");
+    assert!(
+        entries * cro_runtime::caps::state::ENTRY_OVERHEAD <= charged,
+        "{entries} {charged}"
+    );
+    assert_eq!(p.budgets().get(Budget::State), 1);
+}

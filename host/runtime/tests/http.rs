@@ -328,3 +328,67 @@ async fn a_dropped_connection_is_a_connect_error() {
         other => panic!("expected a connect error, got {other:?}"),
     }
 }
+
+/// A server that records the `Host` header of every request reaching it.
+async fn host_recorder() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let router = Router::new()
+        .fallback(any(
+            |State(seen): State<Arc<std::sync::Mutex<Vec<String>>>>,
+             headers: axum::http::HeaderMap| async move {
+                let host = headers
+                    .get(header::HOST)
+                    .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                seen.lock().unwrap().push(host);
+                "ok"
+            },
+        ))
+        .with_state(seen.clone());
+    (serve(router).await, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_and_routing_headers_never_go_on_the_wire() {
+    let (addr, seen) = host_recorder().await;
+    let grant = format!("http://{addr}");
+    let url = format!("http://{addr}/x");
+    let refused = [
+        "Host: internal-admin.example",
+        "host: internal-admin.example",
+        "Connection: upgrade",
+        "Transfer-Encoding: chunked",
+        "Content-Length: 0",
+        "Upgrade: h2c",
+        "Proxy-Authorization: Basic eA==",
+    ];
+    let tries = async {
+        for header in refused {
+            let p = load(&http_spec(&url, Some(&grant), &[("headers", header)])).await;
+            let out = p.add_resource(&gpu("a")).await;
+            let Err(CallError::Provider(ProviderError::Denied(m))) = &out else {
+                panic!("{header}: {out:?}")
+            };
+            assert!(m.contains("set by the host only"), "{m}");
+            assert_eq!(p.denials().http, 1);
+        }
+    };
+    beside_a_good_provider(tries).await;
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    // Ordinary headers go through, and the Host on the wire is the granted one.
+    let p = load(&http_spec(
+        &url,
+        Some(&grant),
+        &[(
+            "headers",
+            "Authorization: Bearer t|Content-Type: application/json",
+        )],
+    ))
+    .await;
+    assert_eq!(p.add_resource(&gpu("a")).await.unwrap(), reply("200 ok"));
+    assert_eq!(*seen.lock().unwrap(), vec![addr.to_string()]);
+}

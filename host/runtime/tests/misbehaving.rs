@@ -221,3 +221,134 @@ async fn a_guest_waiting_inside_the_host_is_stopped_at_its_deadline() {
     let napping = load(&tight(spec("sleep", &[("secs", "0")]))).await;
     assert!(napping.add_resource(&gpu("a")).await.is_ok());
 }
+
+// ---- Budgets on what a call hands the host.
+
+use std::sync::Arc as StdArc;
+
+use cro_runtime::cluster::StaticCluster;
+use cro_runtime::{Budget, BudgetExceeded, DeviceInfo, LoadError, ProviderError};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_aliases_of_one_string_passed_to_the_host_are_refused() {
+    // 300 headers aliasing one 256 KiB value: 75 MiB for the host from 256 KiB of guest
+    // data, were it copied.
+    let p = load(&tight(spec("alias-send", &[]))).await;
+    let limit = p.spec().limits.effective_host_call_bytes();
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::HostCallBytes,
+            limit
+        }))
+    );
+    assert_eq!(p.budgets().get(Budget::HostCallBytes), 1);
+    // Few aliases are fine (the request itself is then refused: nothing granted).
+    let few = load(&tight(spec("alias-send", &[("count", "4")]))).await;
+    let out = few.add_resource(&gpu("a")).await;
+    assert!(
+        matches!(&out, Err(CallError::Provider(ProviderError::Other(m))) if m.contains("Denied")),
+        "{out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_aliases_of_one_string_returned_to_the_host_are_refused() {
+    let p = load(&tight(spec("alias-return", &[]))).await;
+    let limit = p.spec().limits.effective_host_call_bytes();
+    let (out, _) = beside_a_good_provider(p.get_resources()).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::HostCallBytes,
+            limit
+        }))
+    );
+    // Within the budget the strings arrive, each cut to the provider-text limit.
+    let small = load(&tight(spec(
+        "alias-return",
+        &[("count", "2"), ("size", "100000")],
+    )))
+    .await;
+    let devices: Vec<DeviceInfo> = small.get_resources().await.unwrap();
+    assert_eq!(devices.len(), 2);
+    let max = small.spec().limits.provider_text_bytes as usize;
+    assert!(
+        devices.iter().all(|d| d.model.len() < max + 40),
+        "{}",
+        devices[0].model.len()
+    );
+    assert!(small.budgets().get(Budget::ProviderText) >= 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_48_mib_error_message_never_reaches_the_operator_whole() {
+    let mut big = spec("big-error", &[]);
+    big.limits.memory_bytes = 128 << 20;
+    let p = load(&big).await;
+    let limit = p.spec().limits.effective_host_call_bytes();
+    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::HostCallBytes,
+            limit
+        }))
+    );
+    // Allowed to hand over that much, it is still cut at the runtime boundary.
+    big.limits.host_call_bytes = 64 << 20;
+    let p = load(&big).await;
+    let out = p.add_resource(&gpu("a")).await;
+    let Err(CallError::Provider(ProviderError::Other(m))) = &out else {
+        panic!("{out:?}")
+    };
+    let max = p.spec().limits.provider_text_bytes as usize;
+    assert!(m.len() < max + 40, "{} bytes", m.len());
+    assert!(m.ends_with("more bytes cut]"), "{}", &m[m.len() - 40..]);
+    assert_eq!(p.budgets().get(Budget::ProviderText), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_larger_than_a_pool_slot_are_refused_at_load() {
+    let options = runtime().options().clone();
+    let refusals = async {
+        let greedy = ProviderSpec::new("greedy", "unused.wasm");
+        for (instances, memories) in [
+            (options.max_core_instances_per_component as usize + 1, 0),
+            (1, options.max_memories_per_component as usize + 1),
+            (1, 64),
+        ] {
+            let bytes = greedy_component(instances, memories);
+            let err = runtime()
+                .load_bytes(&greedy, bytes, StdArc::new(StaticCluster::new()))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, LoadError::TooLarge(_)), "{err:?}");
+            assert!(err.to_string().contains("exceeds"), "{err}");
+        }
+        // One at the limit loads, and many calls of it at once leave the others' slots.
+        let mut hog = spec("fake", &[]);
+        hog.name = "hog".into();
+        hog.limits.memory_bytes = 16 << 20;
+        hog.limits.max_concurrent_calls = 32;
+        let bytes = memory_hog(options.max_memories_per_component as usize, 0);
+        let hog = runtime()
+            .load_bytes(&hog, bytes, StdArc::new(StaticCluster::new()))
+            .await
+            .unwrap();
+        let calls = (0..32).map(|i| {
+            let hog = hog.clone();
+            tokio::spawn(async move { hog.check_resource(&gpu(&format!("h{i}"))).await })
+        });
+        for call in calls {
+            assert_eq!(
+                call.await.unwrap(),
+                Err(CallError::OutOfMemory {
+                    limit_bytes: 16 << 20
+                })
+            );
+        }
+    };
+    beside_a_good_provider(refusals).await;
+}

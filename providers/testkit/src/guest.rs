@@ -70,6 +70,7 @@ impl Guest for Testkit {
     fn get_resources() -> Result<Vec<DeviceInfo>, ProviderError> {
         match mode_for(None).as_str() {
             "fake" => fake::list(),
+            "alias-return" => Ok(hostile::aliased_devices()),
             mode => run(mode).map(|_| Vec::new()),
         }
     }
@@ -132,6 +133,12 @@ fn run(mode: &str) -> Result<String, ProviderError> {
         )),
         "wasi-clock" => wasi_clock(),
         "wasi-socket" => wasi_socket(),
+        "log-loop" => hostile::log_loop(),
+        "deny-big" => hostile::deny_big(),
+        "read-loop" => hostile::read_loop(),
+        "alias-send" => hostile::aliased_headers(),
+        "big-error" => hostile::big_error(),
+        "state-fill" => hostile::state_fill(),
         other => Err(ProviderError::Config(format!(
             "unknown testkit mode `{other}`"
         ))),
@@ -187,10 +194,16 @@ fn send_http() -> Result<String, ProviderError> {
         other => return Err(ProviderError::Config(format!("bad method {other}"))),
     };
     let timeout_ms = cfg("timeout_ms").and_then(|t| t.parse().ok());
+    let mut headers = vec![("x-testkit".to_string(), "1".to_string())];
+    // `name: value|name: value`
+    for pair in cfg_or("headers", "").split('|').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once(':').unwrap_or((pair, ""));
+        headers.push((name.trim().to_string(), value.trim().to_string()));
+    }
     let request = http::Request {
         method,
         url,
-        headers: vec![("x-testkit".into(), "1".into())],
+        headers,
         body: cfg("body").unwrap_or_default().into_bytes(),
         timeout_ms,
     };
@@ -318,6 +331,147 @@ fn wasi_socket() -> Result<String, ProviderError> {
         Ok(report)
     } else {
         Err(ProviderError::Denied(report))
+    }
+}
+
+/// Modes that try to make the host spend without bound; see the crate docs.
+mod hostile {
+    use super::*;
+
+    fn count(default: usize) -> usize {
+        cfg("count").and_then(|n| n.parse().ok()).unwrap_or(default)
+    }
+
+    fn size(default: usize) -> usize {
+        cfg("size").and_then(|n| n.parse().ok()).unwrap_or(default)
+    }
+
+    /// Logs config `message` (or `size` bytes of `x`) `count` times.
+    pub fn log_loop() -> Result<String, ProviderError> {
+        let message = cfg("message").unwrap_or_else(|| "x".repeat(size(64)));
+        let n = count(1_000_000);
+        for _ in 0..n {
+            log::log(log::Level::Info, &message);
+        }
+        Ok(format!("logged {n}"))
+    }
+
+    /// Asks `count` times for ungranted things named with `size`-byte strings; returns
+    /// the last denials.
+    pub fn deny_big() -> Result<String, ProviderError> {
+        let big = "a".repeat(size(1 << 20));
+        let mut last = Vec::new();
+        for _ in 0..count(20) {
+            last.clear();
+            let request = http::Request {
+                method: http::Method::Get,
+                url: format!("http://{big}.example/"),
+                headers: Vec::new(),
+                body: Vec::new(),
+                timeout_ms: None,
+            };
+            if let Err(http::HttpError::Denied(m)) = http::send(&request) {
+                last.push(m);
+            }
+            if let Err(secrets::SecretError::Denied(m)) = secrets::get(&big) {
+                last.push(m);
+            }
+            if let Err(lookup::LookupError::Denied(m)) = lookup::get_object("v1", &big, None, "x") {
+                last.push(m);
+            }
+            if let Err(lookup::LookupError::Denied(m)) = lookup::get_node(&big) {
+                last.push(m);
+            }
+        }
+        Err(ProviderError::Denied(last.join(" | ")))
+    }
+
+    /// Reads config `what` (`secret`, `node`, `nodes`) `count` times.
+    pub fn read_loop() -> Result<String, ProviderError> {
+        let what = cfg_or("what", "secret");
+        let name = cfg_or("name", "worker-0");
+        let key = cfg_or("key", "password");
+        let mut ok = 0;
+        for _ in 0..count(20_000) {
+            let good = match what.as_str() {
+                "secret" => secrets::get(&key).is_ok(),
+                "node" => lookup::get_node(&name).is_ok(),
+                "nodes" => lookup::list_nodes().is_ok(),
+                other => return Err(ProviderError::Config(format!("bad read `{other}`"))),
+            };
+            ok += usize::from(good);
+        }
+        Ok(format!("{ok} reads"))
+    }
+
+    /// `count` strings that all point at the same `size` bytes of guest memory.
+    ///
+    /// # Safety of the trick
+    /// The copies alias one buffer; they are never dropped (the vector is forgotten), so
+    /// the buffer is freed at most once — by nobody: the instance ends with the call.
+    fn aliases(n: usize, len: usize) -> Vec<String> {
+        let text = std::mem::ManuallyDrop::new("y".repeat(len));
+        let (ptr, cap) = (text.as_ptr() as *mut u8, text.capacity());
+        (0..n)
+            .map(|_| unsafe { String::from_raw_parts(ptr, len, cap) })
+            .collect()
+    }
+
+    /// Sends one request whose `count` headers alias one `size`-byte value.
+    pub fn aliased_headers() -> Result<String, ProviderError> {
+        let values = aliases(count(300), size(256 << 10));
+        let headers: Vec<(String, String)> = values
+            .into_iter()
+            .map(|v| ("x-alias".to_string(), v))
+            .collect();
+        let request = http::Request {
+            method: http::Method::Get,
+            url: cfg_or("url", "http://127.0.0.1:9/"),
+            headers,
+            body: Vec::new(),
+            timeout_ms: None,
+        };
+        let out = http::send(&request);
+        // Never drop the aliases (a double free); the instance ends with the call.
+        std::mem::forget(request);
+        match out {
+            Ok(r) => Ok(format!("sent: {}", r.status)),
+            Err(e) => Err(ProviderError::Other(format!("{e:?}"))),
+        }
+    }
+
+    /// `count` devices whose every string aliases one `size`-byte buffer.
+    pub fn aliased_devices() -> Vec<DeviceInfo> {
+        let n = count(300);
+        let mut strings = aliases(n * 5, size(256 << 10)).into_iter();
+        let mut next = || strings.next().unwrap_or_default();
+        (0..n)
+            .map(|_| DeviceInfo {
+                node: next(),
+                machine_id: next(),
+                device_type: DeviceType::Gpu,
+                model: next(),
+                device_id: next(),
+                fabric_device_id: next(),
+            })
+            .collect()
+    }
+
+    /// Fails with a `size`-byte message (48 MiB by default).
+    pub fn big_error() -> Result<String, ProviderError> {
+        Err(ProviderError::Other("e".repeat(size(48 << 20))))
+    }
+
+    /// Stores tiny entries until `state` refuses one (at most `count`).
+    pub fn state_fill() -> Result<String, ProviderError> {
+        let mut stored = 0;
+        for i in 0..count(1_000_000) {
+            if !state::set(&format!("{i:x}"), b"", None) {
+                break;
+            }
+            stored += 1;
+        }
+        Ok(format!("{stored} entries"))
     }
 }
 

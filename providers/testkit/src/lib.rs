@@ -24,6 +24,15 @@
 //! | `wasi-env`    | counts environment variables and arguments |
 //! | `wasi-clock`  | reports the wall clock (seconds since the Unix epoch) |
 //! | `wasi-socket` | tries TCP to config `addr`, a UDP bind, and a name lookup |
+//! | `log-loop`    | logs config `message` (or `size` bytes, default 64) `count` times (default 1,000,000) |
+//! | `deny-big`    | `count` times (default 20) asks for an ungranted URL, Secret key, kind and Node named with `size`-byte (default 1 MiB) strings; fails `denied` with the last denials |
+//! | `read-loop`   | reads config `what` (`secret` key `key`, `node` named `name`, `nodes`) `count` times (default 20,000) |
+//! | `alias-send`  | sends one request to config `url` with `count` (300) headers whose values all alias one `size`-byte (256 KiB) buffer |
+//! | `alias-return`| (`get-resources` only) returns `count` (300) devices whose strings all alias one `size`-byte (256 KiB) buffer |
+//! | `big-error`   | fails with a `size`-byte (48 MiB) message |
+//! | `state-fill`  | stores tiny entries in `state` until one is refused (at most `count`) |
+//!
+//! The `http` mode also sends config `headers` (`name: value|name: value`).
 //!
 //! Non-`fake` modes answer `add-resource` with `attached{device-id: <result>,
 //! fabric-device-id: <mode>}` and map failures to the `provider-error` variants; the other

@@ -1,4 +1,4 @@
-//! The `http` import: the provider's only egress path.
+//! The provider's HTTP client: the `http` import's only way out.
 //!
 //! One `reqwest` client per provider, built at load: rustls (ring) trusting the Mozilla
 //! roots plus the granted CAs, no proxy (a proxy from the operator's environment would be
@@ -13,10 +13,10 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 use url::Url;
 
-use super::DeadlineExceeded;
+use crate::base::{DeadlineExceeded, quote};
 use crate::bindings::cro::provider::http::{HttpError, Method, Request, Response};
 use crate::gate::{Capability, Gate};
-use crate::grants::Grants;
+use crate::grants::HttpGrant;
 
 const MAX_REDIRECTS: usize = 10;
 
@@ -39,14 +39,14 @@ impl std::error::Error for RedirectDenied {}
 
 impl HttpEgress {
     pub(crate) fn new(
-        grants: &Grants,
+        grants: &[HttpGrant],
         gate: Arc<Gate>,
         max_response_bytes: u64,
     ) -> Result<HttpEgress, String> {
         let mut roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };
-        for grant in &grants.http {
+        for grant in grants {
             for cert in grant.ca_pem.iter().flat_map(|c| c.certificates()) {
                 roots
                     .add(cert.clone())
@@ -74,7 +74,7 @@ impl HttpEgress {
             match gate.check(Capability::Http(attempt.url())) {
                 Ok(()) => attempt.follow(),
                 Err(denial) => {
-                    let message = format!("{denial} (redirect from {from})");
+                    let message = format!("{denial} (redirect from {})", quote(&from));
                     attempt.error(RedirectDenied(message))
                 }
             }
@@ -104,18 +104,23 @@ impl HttpEgress {
             Ok(url) => {
                 return Ok(Err(HttpError::InvalidRequest(format!(
                     "`{}`: only http and https URLs",
-                    url.scheme()
+                    quote(url.scheme())
                 ))));
             }
             Err(e) => {
                 return Ok(Err(HttpError::InvalidRequest(format!(
                     "`{}`: {e}",
-                    request.url
+                    quote(&request.url)
                 ))));
             }
         };
         if let Err(denial) = gate.check(Capability::Http(&url)) {
             return Ok(Err(HttpError::Denied(denial.0)));
+        }
+        for (name, _) in &request.headers {
+            if let Err(denial) = gate.check(Capability::HttpHeader(name)) {
+                return Ok(Err(HttpError::Denied(denial.0)));
+            }
         }
         let wanted = request
             .timeout_ms
@@ -143,7 +148,8 @@ impl HttpEgress {
                 Ok(n) => n,
                 Err(e) => {
                     return Ok(Err(HttpError::InvalidRequest(format!(
-                        "header name `{name}`: {e}"
+                        "header name `{}`: {e}",
+                        quote(name)
                     ))));
                 }
             };
@@ -151,7 +157,8 @@ impl HttpEgress {
                 Ok(v) => v,
                 Err(e) => {
                     return Ok(Err(HttpError::InvalidRequest(format!(
-                        "header `{name}` value: {e}"
+                        "header `{}` value: {e}",
+                        quote(name.as_str())
                     ))));
                 }
             };

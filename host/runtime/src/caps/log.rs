@@ -1,0 +1,140 @@
+//! The `log` capability: the guest's messages into the host's `tracing`, tagged with the
+//! provider's name. Always granted, never free:
+//! - every message is clipped to [`MESSAGE_BYTES`] and its control characters escaped,
+//!   so a `\n` cannot forge a second line and a megabyte message makes one short line;
+//! - one call may write `limits.log_lines_per_call` lines and `limits.log_bytes_per_call`
+//!   bytes; past either the call fails with `CallError::Budget` (a provider logging in a
+//!   loop is broken, and saying so beats a silent flood);
+//! - the provider as a whole may write `limits.log_lines_per_minute` lines and
+//!   `limits.log_bytes_per_minute` bytes; past either, lines are dropped (and counted)
+//!   until the minute is over, so many well-behaved calls cannot flood the log either.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::base::escape_line;
+use crate::bindings::cro::provider::log as wit;
+use crate::budget::{Admit, Budget, BudgetCounters, BudgetExceeded, MinuteWindow};
+use crate::gate::{Capability, Gate};
+
+/// Bytes of one guest message kept in its log line.
+pub const MESSAGE_BYTES: usize = 4 * 1024;
+
+/// The provider's side.
+pub(crate) struct Log {
+    provider: String,
+    gate: Arc<Gate>,
+    counters: Arc<BudgetCounters>,
+    lines_per_call: u64,
+    bytes_per_call: u64,
+    minute: Mutex<MinuteWindow>,
+}
+
+impl Log {
+    pub(crate) fn new(
+        provider: String,
+        gate: Arc<Gate>,
+        counters: Arc<BudgetCounters>,
+        limits: &crate::grants::Limits,
+    ) -> Log {
+        Log {
+            provider,
+            gate,
+            counters,
+            lines_per_call: u64::from(limits.log_lines_per_call),
+            bytes_per_call: limits.log_bytes_per_call,
+            minute: Mutex::new(MinuteWindow::new(
+                u64::from(limits.log_lines_per_minute),
+                limits.log_bytes_per_minute,
+                Instant::now(),
+            )),
+        }
+    }
+}
+
+/// One call's side: what it has written so far.
+pub(crate) struct LogCall {
+    shared: Arc<Log>,
+    lines: u64,
+    bytes: u64,
+}
+
+impl LogCall {
+    pub(crate) fn new(shared: Arc<Log>) -> LogCall {
+        LogCall {
+            shared,
+            lines: 0,
+            bytes: 0,
+        }
+    }
+}
+
+impl wit::Host for LogCall {
+    fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
+        let shared = &self.shared;
+        if shared.gate.check(Capability::Log).is_err() {
+            return Ok(());
+        }
+        let line = escape_line(&message, MESSAGE_BYTES);
+        // Free the guest's copy now: it may be as large as the host-call budget.
+        drop(message);
+        self.lines += 1;
+        self.bytes += line.len() as u64;
+        let over = if self.lines > shared.lines_per_call {
+            Some((Budget::LogLines, shared.lines_per_call))
+        } else if self.bytes > shared.bytes_per_call {
+            Some((Budget::LogBytes, shared.bytes_per_call))
+        } else {
+            None
+        };
+        if let Some((budget, limit)) = over {
+            shared.counters.hit(budget);
+            return Err(wasmtime::Error::new(BudgetExceeded { budget, limit }));
+        }
+        let admit = shared
+            .minute
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(line.len() as u64, Instant::now());
+        let provider = shared.provider.as_str();
+        match admit {
+            Admit::Yes { dropped_before } => {
+                if dropped_before > 0 {
+                    tracing::warn!(
+                        target: "cro_provider",
+                        provider,
+                        "{dropped_before} log lines of the provider were dropped in the last minute (limits.log_lines_per_minute/log_bytes_per_minute)"
+                    );
+                }
+            }
+            Admit::No { first } => {
+                if first {
+                    shared.counters.hit(Budget::LogRate);
+                    tracing::warn!(
+                        target: "cro_provider",
+                        provider,
+                        "the provider is over its log budget for this minute (limits.log_lines_per_minute/log_bytes_per_minute): its further lines are dropped until the minute is over"
+                    );
+                }
+                return Ok(());
+            }
+        }
+        match level {
+            wit::Level::Trace => tracing::trace!(target: "cro_provider", provider, "{line}"),
+            wit::Level::Debug => tracing::debug!(target: "cro_provider", provider, "{line}"),
+            wit::Level::Info => tracing::info!(target: "cro_provider", provider, "{line}"),
+            wit::Level::Warn => tracing::warn!(target: "cro_provider", provider, "{line}"),
+            wit::Level::Error => tracing::error!(target: "cro_provider", provider, "{line}"),
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> &mut LogCall,
+) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, HasSelf<LogCall>>(linker, get)
+}
