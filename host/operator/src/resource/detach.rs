@@ -6,13 +6,12 @@ use cro_runtime::domain::RemoveOutcome;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::{Outcome, exposure, node_exists};
 use crate::context::Context;
 use crate::error::ReconcileError;
-use crate::nodeops::{DrainOptions, ExposureMode, driver};
-use crate::patch;
+use crate::nodeops::{Discovery, DrainOptions, ExposureMode, NodeOpsError, driver};
+use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::{Operation, to_domain};
 use crate::reconcile::Step;
 
@@ -31,7 +30,7 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
         let res = patch::status(
             &api,
             &res,
-            json!({"state": ResourceState::Deleting, "error": ""}),
+            &ResourceStatusPatch::state(ResourceState::Deleting),
             true,
         )
         .await?;
@@ -41,8 +40,13 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
     let res = if state == ResourceState::Detaching {
         res
     } else {
-        let res =
-            patch::status(&api, &res, json!({"state": ResourceState::Detaching}), true).await?;
+        let res = patch::status(
+            &api,
+            &res,
+            &ResourceStatusPatch::state(ResourceState::Detaching).keep_error(),
+            true,
+        )
+        .await?;
         tracing::info!(resource = %res.name_any(), node = %res.spec.target_node,
             device = res.device_id().unwrap_or("?"), "detaching");
         ctx.event(
@@ -77,7 +81,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
         let res = patch::status(
             &api,
             &res,
-            json!({"state": ResourceState::Deleting, "error": message}),
+            &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
             false,
         )
         .await?;
@@ -94,7 +98,22 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     }
 
     let driver = if res.spec.resource_type == ResourceType::Gpu {
-        Some(driver::discover(&ctx.client, ctx.runner.as_ref(), &node).await?)
+        match driver::discover(
+            &ctx.client,
+            ctx.runner.as_ref(),
+            &node,
+            &ctx.config.namespace,
+        )
+        .await?
+        {
+            Discovery::Ready(driver) => Some(driver),
+            // No driver pod at all: nothing on the node can use or hold the GPU, so there
+            // is nothing to drain (a GPU attached but never picked up).
+            Discovery::ContainerPending { pod: None } => None,
+            Discovery::ContainerPending { pod: Some(pod) } => {
+                return Err(NodeOpsError::DriverInstalling { node, pod }.into());
+            }
+        }
     } else {
         None
     };
@@ -171,7 +190,9 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
     let res = patch::status(
         &api,
         &res,
-        json!({"state": ResourceState::Deleting, "device_id": "", "cdi_device_id": "", "error": ""}),
+        &ResourceStatusPatch::ids("", "")
+            .with_state(ResourceState::Deleting)
+            .with_error(""),
         true,
     )
     .await?;
