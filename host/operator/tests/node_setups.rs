@@ -28,12 +28,28 @@ async fn driver_pods(env: &Env, node: &str) -> Vec<Pod> {
         .items
 }
 
+/// The error of the (first) ComposableResource of `request`.
 async fn error_of(env: &Env, request: &str) -> String {
-    env.request(request)
+    env.resources_of(request)
         .await
-        .and_then(|r| r.status)
-        .map(|s| s.error)
+        .first()
+        .and_then(|r| r.status.as_ref())
+        .map(|s| s.error.clone())
         .unwrap_or_default()
+}
+
+/// Waits until the DRA kubelet plugin on `node` has published its first slice (before
+/// any GPU: an empty one).
+async fn wait_first_slice(env: &Env, node: &str) {
+    eventually("the kubelet plugin's first slice", CONVERGE, || async {
+        node_sim::slice_api(&env.client)
+            .get_opt(&node_sim::slice_name(node))
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
 }
 
 /// Device-plugin mode with the GPU operator's driver: a node without a GPU has no
@@ -77,12 +93,14 @@ async fn gpu_operator_driver_first_gpu_and_device_plugin_drain_quirks() {
         "driver pod at {created}, attach at {first_attach}"
     );
     // The device plugin and DCGM were restarted to pick the GPUs up.
-    assert!(
-        env.node_sim
+    eventually("device plugin and DCGM restarted", CONVERGE, || async {
+        (env.node_sim
             .restarts(node_sim::DEVICE_PLUGIN_DS, "worker-1")
             >= 1
-    );
-    assert!(env.node_sim.restarts(node_sim::DCGM_DS, "worker-1") >= 1);
+            && env.node_sim.restarts(node_sim::DCGM_DS, "worker-1") >= 1)
+            .then_some(())
+    })
+    .await;
     let persistenced = env
         .nodes
         .with_node("worker-1", |n| n.persistenced_pid())
@@ -231,6 +249,7 @@ async fn dra_mode_attaches_through_slices_and_taints_while_detaching() {
     let m1 = env.add_node("worker-1", "16").await;
     env.sim.add_free_devices("gpu", MODEL, 2);
     env.start_operator().await;
+    wait_first_slice(&env, "worker-1").await;
 
     let mut spec = gpu(2);
     spec.target_node = Some("worker-1".into());
@@ -324,6 +343,7 @@ async fn dra_mode_with_the_older_plugin_naming_over_the_cluster_manager() {
     let m1 = env.add_node("worker-1", "16").await;
     env.sim.add_free_devices("gpu", MODEL, 1);
     env.start_operator().await;
+    wait_first_slice(&env, "worker-1").await;
 
     env.create_request("old", gpu(1)).await;
     env.wait_running("old", 1).await;
@@ -342,7 +362,8 @@ async fn dra_mode_with_the_older_plugin_naming_over_the_cluster_manager() {
         .get(&node_sim::slice_name("worker-1"))
         .await
         .unwrap();
-    assert_eq!(slice.data["spec"]["devices"], json!([]));
+    let devices = &slice.data["spec"]["devices"];
+    assert!(devices.as_array().is_none_or(|d| d.is_empty()), "{devices}");
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }

@@ -2,5 +2,5 @@
 //! with the demo and benchmarks; this module keeps the names the tests use.
 
 pub use node_sim::{
-    DraNaming, DriverKind, Exposure, Hook, NodeOptions, NodeSetup, NodeSim, Quirks, SimNodes,
+    DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup, NodeSim, Quirks, SimNodes,
 };
