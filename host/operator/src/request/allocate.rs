@@ -71,7 +71,7 @@ pub(super) async fn allocate(
             format!(" on {}", plan.create.join(", "))
         }
     );
-    tracing::info!(request = %name, drop = ?plan.drop, %summary, "allocated");
+    tracing::info!(drop = ?plan.drop, %summary, "allocated");
     ctx.event(
         &req.object_ref(&()),
         EventType::Normal,

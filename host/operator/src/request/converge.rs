@@ -67,7 +67,7 @@ pub(super) async fn converge(
         obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
         match resources.create(&PostParams::default(), &obj).await {
             Ok(_) => {
-                tracing::info!(request = %name, resource = %entry_name, node = %entry.node_name, "created resource");
+                tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),
@@ -81,7 +81,7 @@ pub(super) async fn converge(
     {
         leftovers += 1;
         if !obj.is_being_deleted() {
-            tracing::info!(request = %name, resource = %obj.name_any(), "dropping resource");
+            tracing::info!(resource = %obj.name_any(), "dropping resource");
             patch::delete(&resources, &obj.name_any()).await?;
         }
     }

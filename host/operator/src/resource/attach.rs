@@ -44,7 +44,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
         let guard = ctx.provider.lock_node(&node).await;
         match ctx.provider.add(&guard, &to_domain(&res)).await {
             Ok(AddOutcome::InProgress(what)) => {
-                tracing::info!(resource = %name, node = %node, what = %what, "attach in progress");
+                tracing::info!(node = %node, what = %what, "attach in progress");
                 return Ok((Step::requeue(poll), Some(res)));
             }
             Ok(AddOutcome::Attached(device)) => {
@@ -53,7 +53,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
-                tracing::info!(resource = %name, node = %node, device = %device.device_id,
+                tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
                 ctx.event(
                     &res.object_ref(&()),
@@ -75,7 +75,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
         let driver = match discovery {
             Discovery::Ready(driver) => driver,
             Discovery::ContainerPending { pod } => {
-                tracing::info!(resource = %name, node = %node, pod = pod.as_deref().unwrap_or("(not scheduled yet)"),
+                tracing::info!(node = %node, pod = pod.as_deref().unwrap_or("(not scheduled yet)"),
                     "waiting for the GPU operator's driver pod to be Ready");
                 return Ok((Step::requeue(poll), Some(res)));
             }
@@ -88,7 +88,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 exposure::rescan(ctx, &driver, &name, true).await?;
             }
             (crate::nodeops::ExposureMode::DevicePlugin, false) => {
-                tracing::debug!(resource = %name, gpu = %uuid, "GPU not listed on the node yet");
+                tracing::debug!(gpu = %uuid, "GPU not listed on the node yet");
                 return Ok((Step::requeue(poll), Some(res)));
             }
             (crate::nodeops::ExposureMode::Dra, true) => {}
@@ -107,7 +107,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
     )
     .await?;
     ctx.forget_rescan(&name);
-    tracing::info!(resource = %name, node = %node, device = res.device_id().unwrap_or("?"), "online");
+    tracing::info!(node = %node, device = res.device_id().unwrap_or("?"), "online");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,
@@ -135,7 +135,7 @@ async fn store_ids(
         match patch::status(api, res, &ids, false).await {
             Ok(r) => return Ok(r),
             Err(e) if attempt < 6 => {
-                tracing::warn!(resource = %res.name_any(), attempt, error = %e,
+                tracing::warn!(attempt, error = %e,
                     "cannot store the device ids yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;

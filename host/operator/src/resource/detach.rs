@@ -47,7 +47,7 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
             true,
         )
         .await?;
-        tracing::info!(resource = %res.name_any(), node = %res.spec.target_node,
+        tracing::info!(node = %res.spec.target_node,
             device = res.device_id().unwrap_or("?"), "detaching");
         ctx.event(
             &res.object_ref(&()),
@@ -124,7 +124,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     if let Some(other) = holder_elsewhere(ctx, &name, &uuid).await? {
         // This detach finished before a crash kept it from being recorded, and the
         // fabric has since given the device to another resource: nothing is left to do.
-        tracing::warn!(resource = %name, device = %uuid, holder = %other,
+        tracing::warn!(device = %uuid, holder = %other,
             "device already detached and now held by another resource");
         drop(guard);
         return finish(res, ctx, &uuid).await;
@@ -158,7 +158,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
 
     match ctx.provider.remove(&guard, &to_domain(&res)).await {
         Ok(RemoveOutcome::InProgress(what)) => {
-            tracing::info!(resource = %name, node = %node, what = %what, "detach in progress");
+            tracing::info!(node = %node, what = %what, "detach in progress");
             return Ok((Step::requeue(poll), Some(res)));
         }
         Ok(RemoveOutcome::Removed) => {}
@@ -172,7 +172,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             exposure::rescan(ctx, driver, &name, false).await?;
         }
         if still_seen {
-            tracing::debug!(resource = %name, gpu = %uuid, "GPU still visible after the detach");
+            tracing::debug!(gpu = %uuid, "GPU still visible after the detach");
             return Ok((Step::requeue(poll), Some(res)));
         }
     }
@@ -197,7 +197,7 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
     )
     .await?;
     ctx.forget_rescan(&name);
-    tracing::info!(resource = %name, node = %node, device = %uuid, "detached");
+    tracing::info!(node = %node, device = %uuid, "detached");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,
