@@ -147,7 +147,7 @@ pub struct NodeState {
     /// nvidia-persistenced's pid file, when written.
     pid_file: Option<u32>,
     next_pid: u32,
-    /// Times the driver module's users unloaded or loaded modules, for tests.
+    /// Kernel modules unloaded so far, in order (for tests).
     pub unloaded: Vec<String>,
 }
 
