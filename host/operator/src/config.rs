@@ -49,11 +49,11 @@ pub fn parse_mode(text: &str) -> Result<ExposureMode, ConfigError> {
 /// Timings of the controllers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timings {
-    /// How often the fabric is asked for every device (SPEC §5).
+    /// How often the fabric is asked for every device (the upstream sync).
     pub sync_period: Duration,
-    /// How long a device may stay unclaimed before it is detached (SPEC §5).
+    /// How long a device may stay unclaimed before it is detached (the upstream sync).
     pub orphan_grace: Duration,
-    /// How often an Online device is health-checked (SPEC §4).
+    /// How often an Online device is health-checked.
     pub health_period: Duration,
     /// How soon a step that waits on something outside Kubernetes (a fabric operation
     /// in progress, a GPU appearing on a node) looks again.
