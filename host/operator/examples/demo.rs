@@ -3,9 +3,11 @@
 //! and the operator converge the Go operator's README request, then grow it, shrink it
 //! and delete it.
 //!
-//! It reuses the operator's end-to-end test environment. As there, the one stand-in is
-//! the node command runner: this API server has no kubelets to exec `nvidia-smi` in, so
-//! the runner answers from the simulator's state.
+//! It reuses the operator's end-to-end test environment. As there, the nodes are
+//! simulated (the `node-sim` crate): this API server has no kubelets, so the simulation
+//! plays the GPU operator (a node's driver pod comes once it has a GPU and takes a moment
+//! to be Ready), the device plugin, and the node commands the operator runs, all driven
+//! by the fabric simulator's state.
 //!
 //! `RUST_LOG` sets the log filter (default `warn`). With `--hold` it pauses once the request
 //! is Running, so `kubectl` can look at the objects, until Enter is pressed.
@@ -113,7 +115,7 @@ async fn run(hold: bool) -> Result<()> {
     );
     env.start_operator().await;
     println!(
-        "  operator               running (stand-in: nvidia-smi on the nodes answers from the simulator)"
+        "  operator               running (nodes simulated: GPU operator, device plugin, nvidia-smi)"
     );
     timings.push((
         "start the control plane, simulator, component, operator",
@@ -149,7 +151,9 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
     let mut machines: BTreeMap<String, String> = BTreeMap::new();
     for node in NODES {
         let machine = env.add_node(node, "16").await;
-        println!("  node {node}  providerID fsas-cdi://{machine}  (NVIDIA driver pod Ready)");
+        println!(
+            "  node {node}  providerID fsas-cdi://{machine}  (no GPU yet, so no driver pod yet)"
+        );
         machines.insert(machine, node.to_string());
     }
     env.sim.add_free_devices("gpu", MODEL, POOL);
@@ -270,7 +274,7 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
 
     let unknown = env.nodes.unknown_commands();
     if !unknown.is_empty() {
-        bail!("the operator ran node commands the stand-in does not know: {unknown:?}");
+        bail!("the operator ran node commands no simulated node knows: {unknown:?}");
     }
     Ok(())
 }

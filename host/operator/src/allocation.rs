@@ -1,5 +1,5 @@
 //! Which devices a ComposabilityRequest keeps, which it drops and where new ones go
-//! (SPEC §3, NodeAllocating). Pure: the request controller builds the views from the
+//! (NodeAllocating). Pure: the request controller builds the views from the
 //! API objects and applies the [`Plan`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +15,10 @@ pub enum Policy {
     DifferentNode,
 }
 
-/// Minimum allocatable capacity a node must have (`spec.resource.other_spec`).
-/// Memory and ephemeral storage are bytes, CPU is millicores.
+/// Minimum capacity a node must have (`spec.resource.other_spec`), compared as the Go
+/// operator compared it (docs/differences-from-go.md keeps this quirk on purpose): the
+/// node's `status.capacity` (not allocatable), with its CPU as whole cores against the
+/// request's `milli_cpu` number; memory and ephemeral storage in bytes, pods as a count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capacity {
     pub milli_cpu: i64,
@@ -26,7 +28,7 @@ pub struct Capacity {
 }
 
 impl Capacity {
-    /// True when `self` (a node's allocatable capacity) covers `need` in every dimension.
+    /// True when `self` (a node's capacity) covers `need` in every dimension.
     pub fn covers(&self, need: &Capacity) -> bool {
         self.milli_cpu >= need.milli_cpu
             && self.memory >= need.memory
@@ -38,7 +40,7 @@ impl Capacity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     pub name: String,
-    pub allocatable: Capacity,
+    pub capacity: Capacity,
 }
 
 /// What the request asks for.
@@ -121,7 +123,7 @@ pub fn plan(
     let node_fits = |name: &str| match (&request.other_spec, nodes_by_name.get(name)) {
         (_, None) => false,
         (None, Some(_)) => true,
-        (Some(need), Some(node)) => node.allocatable.covers(need),
+        (Some(need), Some(node)) => node.capacity.covers(need),
     };
 
     // Resources already on their way out are neither kept nor dropped again.
@@ -261,7 +263,7 @@ fn busiest_node(candidates: &[&ResourceView]) -> Option<String> {
         .map(|(node, _)| node.to_owned())
 }
 
-/// SPEC §3 shrink priority: lower class goes first; oldest first within a class.
+/// Shrink priority (as the Go operator's): lower class goes first; oldest first within a class.
 fn drop_class(r: &ResourceView) -> u8 {
     if !r.has_device {
         0
@@ -291,7 +293,7 @@ mod tests {
     fn node(name: &str, cpu: i64) -> NodeView {
         NodeView {
             name: name.into(),
-            allocatable: Capacity {
+            capacity: Capacity {
                 milli_cpu: cpu,
                 memory: 64 << 30,
                 ephemeral_storage: 100 << 30,

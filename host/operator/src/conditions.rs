@@ -9,7 +9,8 @@ use cro_api::{ComposabilityRequest, ComposableResource, RequestState, ResourceSt
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use serde_json::{Value, json};
+
+use crate::patch::ReportPatch;
 
 /// The condition type this module maintains.
 pub const READY: &str = "Ready";
@@ -48,6 +49,8 @@ impl Readiness {
 pub trait Reported: Resource<DynamicType = ()> {
     fn status_error(&self) -> &str;
     fn conditions(&self) -> &[Condition];
+    /// `status.state` as written ("" for a new object).
+    fn state_name(&self) -> String;
     /// The Ready condition this object should have if its `status.error` were `error`.
     fn readiness(&self, error: &str) -> Readiness;
 }
@@ -55,6 +58,10 @@ pub trait Reported: Resource<DynamicType = ()> {
 impl Reported for ComposabilityRequest {
     fn status_error(&self) -> &str {
         self.status.as_ref().map(|s| s.error.as_str()).unwrap_or("")
+    }
+
+    fn state_name(&self) -> String {
+        self.state().as_str().to_owned()
     }
 
     fn conditions(&self) -> &[Condition] {
@@ -73,6 +80,10 @@ impl Reported for ComposabilityRequest {
 impl Reported for ComposableResource {
     fn status_error(&self) -> &str {
         self.status.as_ref().map(|s| s.error.as_str()).unwrap_or("")
+    }
+
+    fn state_name(&self) -> String {
+        self.state().as_str().to_owned()
     }
 
     fn conditions(&self) -> &[Condition] {
@@ -194,26 +205,32 @@ pub fn with_ready(
     Some(out)
 }
 
-/// The status merge patch that records `error` and the Ready condition it implies on
-/// `obj`, or `None` when both are already there.
-pub fn report_patch<K: Reported>(obj: &K, error: &str, now: Timestamp) -> Option<Value> {
+/// The status patch that records `error` and the Ready condition it implies on `obj`, or
+/// `None` when both are already there.
+pub fn report_patch<K: Reported>(obj: &K, error: &str, now: Timestamp) -> Option<ReportPatch> {
     // Provider text ends up here: clip it like the condition's message.
     let error = crate::text::clip(error, MAX_MESSAGE);
-    let mut patch = serde_json::Map::new();
-    if obj.status_error() != error {
-        patch.insert("error".into(), json!(error));
-    }
-    let generation = obj.meta().generation;
-    if let Some(conditions) = with_ready(obj.conditions(), &obj.readiness(error), generation, now) {
-        patch.insert("conditions".into(), json!(conditions));
-    }
-    (!patch.is_empty()).then_some(Value::Object(patch))
+    let patch = ReportPatch {
+        error: (obj.status_error() != error).then(|| error.to_owned()),
+        conditions: with_ready(
+            obj.conditions(),
+            &obj.readiness(error),
+            obj.meta().generation,
+            now,
+        ),
+    };
+    (patch != ReportPatch::default()).then_some(patch)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use cro_api::{ComposabilityRequestStatus, ComposableResourceStatus, ResourceType};
+    use serde_json::{Value, json};
+
+    fn report(obj: &impl Reported, error: &str, now: Timestamp) -> Option<Value> {
+        report_patch(obj, error, now).map(|p| serde_json::to_value(p).unwrap())
+    }
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -361,7 +378,7 @@ mod tests {
             ..Default::default()
         });
         let now = at("2026-03-01T00:00:00Z");
-        let patch = report_patch(&res, "", now).unwrap();
+        let patch = report(&res, "", now).unwrap();
         assert!(patch.get("error").is_none(), "{patch}");
         assert_eq!(
             patch["conditions"],
@@ -371,8 +388,8 @@ mod tests {
         );
         res.status.as_mut().unwrap().conditions =
             serde_json::from_value(patch["conditions"].clone()).unwrap();
-        assert_eq!(report_patch(&res, "", now), None);
-        let patch = report_patch(&res, "warning", now).unwrap();
+        assert_eq!(report(&res, "", now), None);
+        let patch = report(&res, "warning", now).unwrap();
         assert_eq!(patch["error"], "warning");
         assert_eq!(patch["conditions"][0]["message"], "warning");
 
@@ -381,7 +398,7 @@ mod tests {
             cro_api::ComposabilityRequestSpec { resource: details },
         );
         req.status = Some(ComposabilityRequestStatus::default());
-        let patch = report_patch(&req, "", now).unwrap();
+        let patch = report(&req, "", now).unwrap();
         assert_eq!(patch["conditions"][0]["reason"], "Allocating");
         assert_eq!(patch["conditions"][0]["observedGeneration"], Value::Null);
     }

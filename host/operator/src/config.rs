@@ -49,11 +49,11 @@ pub fn parse_mode(text: &str) -> Result<ExposureMode, ConfigError> {
 /// Timings of the controllers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timings {
-    /// How often the fabric is asked for every device (SPEC §5).
+    /// How often the fabric is asked for every device (the upstream sync).
     pub sync_period: Duration,
-    /// How long a device may stay unclaimed before it is detached (SPEC §5).
+    /// How long a device may stay unclaimed before it is detached (the upstream sync).
     pub orphan_grace: Duration,
-    /// How often an Online device is health-checked (SPEC §4).
+    /// How often an Online device is health-checked.
     pub health_period: Duration,
     /// How soon a step that waits on something outside Kubernetes (a fabric operation
     /// in progress, a GPU appearing on a node) looks again.
@@ -131,6 +131,11 @@ pub struct OperatorConfig {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Name in Events' reporting controller.
     pub controller_name: String,
+    /// The operator's namespace, where the node agent DaemonSet for host drivers lives.
+    pub namespace: String,
+    /// Whether the upstream sync also releases CXL memory no resource holds (the Go
+    /// operator released only GPUs; docs/differences-from-go.md).
+    pub release_orphan_cxl_memory: bool,
 }
 
 impl OperatorConfig {
@@ -144,6 +149,8 @@ impl OperatorConfig {
             webhook: None,
             leader_election: None,
             controller_name: "cro-operator".to_owned(),
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            release_orphan_cxl_memory: false,
         }
     }
 }
@@ -197,6 +204,10 @@ pub struct RunArgs {
     /// This instance's identity in the Lease; defaults to the pod or host name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Let the upstream sync also detach CXL memory that no ComposableResource holds
+    /// (by default only GPUs are released, as by the Go operator).
+    #[arg(long, env = "CRO_RELEASE_ORPHAN_CXL_MEMORY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub release_orphan_cxl_memory: bool,
 }
 
 impl RunArgs {
@@ -208,6 +219,8 @@ impl RunArgs {
         let mut config = OperatorConfig::new(provider);
         config.mode = parse_mode(&self.device_resource_type)?;
         config.gpu_operator_namespace = self.gpu_operator_namespace;
+        config.namespace = self.leader_election_namespace.clone();
+        config.release_orphan_cxl_memory = self.release_orphan_cxl_memory;
         config.timings.sync_period = parse_duration(&self.sync_period)?;
         config.timings.orphan_grace = parse_duration(&self.orphan_grace_period)?;
         config.timings.health_period = parse_duration(&self.health_check_period)?;
@@ -314,6 +327,8 @@ mod tests {
         assert_eq!(c.metrics_addr, None);
         assert_eq!(c.leader_election, None);
         assert_eq!(c.webhook, None);
+        assert!(!c.release_orphan_cxl_memory);
+        assert_eq!(c.namespace, DEFAULT_NAMESPACE);
         assert_eq!(
             c.provider,
             ProviderSource::SpecFile("/etc/cro/fti.yaml".into())

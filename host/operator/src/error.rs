@@ -40,7 +40,8 @@ impl ReconcileError {
                 NodeOpsError::DriverInstalling { .. }
                 | NodeOpsError::NoDriver(_)
                 | NodeOpsError::NoGpuOperator(_)
-                | NodeOpsError::NoAgent { .. } => "driver",
+                | NodeOpsError::NoAgent { .. }
+                | NodeOpsError::NoAgentDaemonSet { .. } => "driver",
                 NodeOpsError::GpuBusy { .. } | NodeOpsError::DeviceHeld { .. } => "gpu_busy",
                 _ => "node",
             },

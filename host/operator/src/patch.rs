@@ -4,9 +4,11 @@
 
 use std::fmt::Debug;
 
-use cro_api::{CroObjectExt, FINALIZER};
+use cro_api::{CroObjectExt, FINALIZER, RequestState, ResourceState};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -29,17 +31,99 @@ fn conflict_or<K: Resource>(obj: &K, e: kube::Error) -> ReconcileError {
     }
 }
 
-/// Merge-patches `status` (a JSON object of status fields). With `guarded`, the write
-/// only succeeds if the object is still at the version `obj` was read at.
-pub async fn status<K>(
+/// The status fields of a ComposableResource a write sets; `None` leaves a field as it
+/// is. Typed, so that the compiler finds every writer of a field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ResourceStatusPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<ResourceState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cdi_device_id: Option<String>,
+}
+
+impl ResourceStatusPatch {
+    /// A new state, with the error cleared.
+    pub fn state(state: ResourceState) -> Self {
+        Self {
+            state: Some(state),
+            error: Some(String::new()),
+            ..Self::default()
+        }
+    }
+
+    /// The ids of the device (both empty: none).
+    pub fn ids(device_id: &str, cdi_device_id: &str) -> Self {
+        Self {
+            device_id: Some(device_id.to_owned()),
+            cdi_device_id: Some(cdi_device_id.to_owned()),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_state(mut self, state: ResourceState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    pub fn with_error(mut self, error: impl Into<String>) -> Self {
+        self.error = Some(error.into());
+        self
+    }
+
+    /// Leaves `error` as it is.
+    pub fn keep_error(mut self) -> Self {
+        self.error = None;
+        self
+    }
+}
+
+/// The status fields of a ComposabilityRequest a partial write sets (whole statuses go
+/// through [`replace_status`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RequestStatusPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<RequestState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RequestStatusPatch {
+    /// A new state, with the error cleared.
+    pub fn state(state: RequestState) -> Self {
+        Self {
+            state: Some(state),
+            error: Some(String::new()),
+        }
+    }
+}
+
+/// What every reconciliation reports on either kind: `status.error` and the conditions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReportPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// Merge-patches the status fields of `status`. With `guarded`, the write only succeeds
+/// if the object is still at the version `obj` was read at.
+pub async fn status<K, P>(
     api: &Api<K>,
     obj: &K,
-    status: Value,
+    status: &P,
     guarded: bool,
 ) -> Result<K, ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
+    P: Serialize,
 {
+    let status =
+        serde_json::to_value(status).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
     let mut patch = json!({ "status": status });
     if guarded && let Some(rv) = obj.resource_version() {
         patch["metadata"] = json!({ "resourceVersion": rv });
@@ -153,12 +237,68 @@ where
 {
     let old = serde_json::to_value(old).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
     let new = serde_json::to_value(new).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
-    status(api, obj, merge_diff(&old, &new), true).await
+    status(api, obj, &merge_diff(&old, &new), true).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cro_api::{ComposabilityRequestStatus, ComposableResourceStatus};
+
+    fn keys(v: &Value) -> Vec<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn typed_patches_name_the_status_fields_of_their_kind() {
+        let full = ResourceStatusPatch::ids("GPU-1", "f-1")
+            .with_state(ResourceState::Online)
+            .with_error("e");
+        let patch = serde_json::to_value(&full).unwrap();
+        let status = serde_json::to_value(ComposableResourceStatus {
+            state: ResourceState::Online,
+            error: "e".into(),
+            device_id: "GPU-1".into(),
+            cdi_device_id: "f-1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        for k in keys(&patch) {
+            assert!(
+                status.get(&k).is_some(),
+                "{k} is no ComposableResource status field"
+            );
+        }
+        assert_eq!(
+            patch,
+            json!({"state": "Online", "error": "e", "device_id": "GPU-1", "cdi_device_id": "f-1"})
+        );
+        assert_eq!(
+            serde_json::to_value(ResourceStatusPatch::state(ResourceState::Detaching).keep_error())
+                .unwrap(),
+            json!({"state": "Detaching"})
+        );
+
+        let request =
+            serde_json::to_value(RequestStatusPatch::state(RequestState::Cleaning)).unwrap();
+        let status = serde_json::to_value(ComposabilityRequestStatus {
+            state: RequestState::Cleaning,
+            error: "x".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        for k in keys(&request) {
+            assert!(
+                status.get(&k).is_some(),
+                "{k} is no ComposabilityRequest status field"
+            );
+        }
+        assert_eq!(request, json!({"state": "Cleaning", "error": ""}));
+        assert_eq!(
+            serde_json::to_value(ReportPatch::default()).unwrap(),
+            json!({})
+        );
+    }
 
     #[test]
     fn merge_diff_removes_replaces_and_recurses() {

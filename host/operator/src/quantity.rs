@@ -56,6 +56,16 @@ pub fn parse_milli(text: &str) -> Result<i64, BadQuantity> {
     parse_scaled(text, 1000)
 }
 
+/// The quantity as a whole number, as Go's `Quantity.AsInt64` reads it: `16` is 16, `64Gi`
+/// is its bytes, and `3500m` or `1.5` are not whole numbers (an error).
+pub fn parse_whole(text: &str) -> Result<i64, BadQuantity> {
+    let milli = parse_milli(text)?;
+    if milli == i64::MAX || milli % 1000 != 0 {
+        return Err(BadQuantity(text.to_owned()));
+    }
+    Ok(milli / 1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +83,11 @@ mod tests {
         assert_eq!(parse("1k").unwrap(), 1000);
         assert_eq!(parse("110").unwrap(), 110);
         assert_eq!(parse("100m").unwrap(), 1);
+        assert_eq!(parse_whole("16").unwrap(), 16);
+        assert_eq!(parse_whole("64Gi").unwrap(), 64 << 30);
+        assert_eq!(parse_whole("4000m").unwrap(), 4);
+        assert!(parse_whole("3500m").is_err());
+        assert!(parse_whole("1.5").is_err());
         for bad in ["", "Gi", "12X", "-5", "1e", "abc"] {
             assert!(parse(bad).is_err(), "{bad}");
         }

@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use crate::conditions::{self, Reported};
 use crate::context::Context;
@@ -67,10 +68,39 @@ pub fn object_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     format!("{}/{}", K::kind(&()), obj.name_any())
 }
 
+/// The span of one reconciliation: every log line inside it carries the controller, the
+/// object, its generation and the state the reconciliation started from.
+pub fn reconcile_span<K: Reported>(controller: &'static str, obj: &K) -> tracing::Span {
+    tracing::info_span!(
+        "reconcile",
+        controller = %controller,
+        object = %object_key(obj),
+        generation = obj.meta().generation.unwrap_or(0),
+        state = %obj.state_name(),
+    )
+}
+
 /// Runs one reconciliation of `obj` (freshly read), reports the outcome and maps it to
 /// the controller's result: `status.error` and the Ready condition always describe what
 /// the reconciliation left.
 pub async fn run<K, F, Fut>(
+    controller: &'static str,
+    ctx: &Context,
+    obj: K,
+    reconcile: F,
+) -> Result<Action, ReconcileError>
+where
+    K: Reported + Clone + DeserializeOwned + Debug,
+    F: FnOnce(K) -> Fut,
+    Fut: Future<Output = Result<(Step, Option<K>), ReconcileError>>,
+{
+    let span = reconcile_span(controller, &obj);
+    run_in_span(controller, ctx, obj, reconcile)
+        .instrument(span)
+        .await
+}
+
+async fn run_in_span<K, F, Fut>(
     controller: &'static str,
     ctx: &Context,
     obj: K,
@@ -108,7 +138,7 @@ where
                     )
                     .await;
                 }
-                match patch::status(&api, &latest, report, false).await {
+                match patch::status(&api, &latest, &report, false).await {
                     // Gone while this reconciliation finished: nothing left to report on.
                     Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {}
                     other => {
@@ -155,7 +185,7 @@ where
     let Some(report) = conditions::report_patch(&fresh, message, Timestamp::now()) else {
         return Ok(());
     };
-    match patch::status(api, &fresh, report, false).await {
+    match patch::status(api, &fresh, &report, false).await {
         Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => Ok(()),
         other => other.map(|_| ()),
     }
@@ -172,4 +202,61 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
         return Action::requeue(CONFLICT_RETRY);
     }
     Action::requeue(ctx.next_backoff(&object_key(obj.as_ref())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cro_api::{ComposableResource, ComposableResourceStatus, ResourceState};
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn log_lines_of_a_reconciliation_carry_object_generation_and_state() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let details = cro_api::ScalarResourceDetails {
+            resource_type: cro_api::ResourceType::Gpu,
+            model: "m".into(),
+            size: 1,
+            force_detach: false,
+            allocation_policy: Default::default(),
+            target_node: None,
+            other_spec: None,
+        };
+        let mut res = ComposableResource::for_request("req", &details, "n1");
+        res.metadata.name = Some("gpu-1".into());
+        res.metadata.generation = Some(3);
+        res.status = Some(ComposableResourceStatus {
+            state: ResourceState::Attaching,
+            ..Default::default()
+        });
+        tracing::subscriber::with_default(subscriber, || {
+            let _entered = reconcile_span("composableresource", &res).entered();
+            tracing::info!("attach in progress");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("reconcile{controller=composableresource object=ComposableResource/gpu-1 generation=3 state=Attaching}"),
+            "{text}"
+        );
+        assert!(text.contains("attach in progress"), "{text}");
+    }
 }

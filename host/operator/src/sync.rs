@@ -1,6 +1,9 @@
-//! Upstream sync (SPEC §5): devices the fabric has attached to the cluster's machines
-//! that no ComposableResource holds are tracked, and after a grace period released
-//! through a ready-to-detach ComposableResource.
+//! Upstream sync (docs/differences-from-go.md, "Upstream sync"): GPUs the fabric has
+//! attached to the cluster's machines that no ComposableResource holds are tracked, and
+//! after a grace period released through a ready-to-detach ComposableResource. CXL
+//! memory is left alone unless `release_orphan_cxl_memory` is set: the Go operator
+//! released only GPUs, and memory attached outside the operator may be in use by the
+//! host without any workload the operator could see.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -82,6 +85,14 @@ fn resource_type(t: DeviceType) -> ResourceType {
     }
 }
 
+/// Whether the sync may release `device` when nobody holds it.
+pub fn releasable(device: &DeviceInfo, release_cxl_memory: bool) -> bool {
+    match device.device_type {
+        DeviceType::Gpu => true,
+        DeviceType::CxlMemory => release_cxl_memory,
+    }
+}
+
 /// The ComposableResource that detaches an orphaned device. No force_detach: work
 /// someone started on a device nobody requested is still not killed.
 pub fn orphan_resource(device: &DeviceInfo) -> ComposableResource {
@@ -106,11 +117,12 @@ pub async fn sync_once(
     ctx: &Context,
     tracker: &mut OrphanTracker,
 ) -> Result<usize, ReconcileError> {
-    let reported = ctx
+    let mut reported = ctx
         .provider
         .list()
         .await
         .map_err(|e| ReconcileError::provider(Operation::List, e))?;
+    reported.retain(|d| releasable(d, ctx.config.release_orphan_cxl_memory));
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let resources = api.list(&ListParams::default()).await?.items;
     let due = tracker.observe(
@@ -226,6 +238,16 @@ mod tests {
         );
         assert!(due.is_empty());
         assert_eq!(t.tracked(), 1);
+    }
+
+    #[test]
+    fn only_gpus_are_released_unless_cxl_memory_is_allowed() {
+        let gpu = device("GPU-a");
+        let mut cxl = device("CXL-a");
+        cxl.device_type = DeviceType::CxlMemory;
+        assert!(releasable(&gpu, false) && releasable(&gpu, true));
+        assert!(!releasable(&cxl, false));
+        assert!(releasable(&cxl, true));
     }
 
     #[test]

@@ -15,30 +15,29 @@ use crate::admission::RequestSummary;
 use crate::allocation::{Capacity, DeviceState, NodeView, Policy, RequestView, ResourceView};
 use crate::quantity;
 
+/// A node's capacity as the Go operator read it: `status.capacity`, each quantity as a
+/// whole number (CPU in cores, memory and storage in bytes). A quantity that is not a
+/// whole number (`3500m` CPU) or cannot be read counts as 0, so the node fits nothing
+/// that asks for some (the Go operator failed the whole allocation instead).
 pub fn node_view(node: &Node) -> NodeView {
-    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-    let get = |key: &str, milli: bool| -> i64 {
-        alloc
-            .and_then(|a| a.get(key))
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    let get = |key: &str| -> i64 {
+        capacity
+            .and_then(|c| c.get(key))
             .and_then(|q| {
-                let r = if milli {
-                    quantity::parse_milli(&q.0)
-                } else {
-                    quantity::parse(&q.0)
-                };
-                // A node whose capacity cannot be read fits nothing that asks for some.
-                r.map_err(|e| tracing::warn!(node = %node.name_any(), key, error = %e, "unreadable allocatable"))
+                quantity::parse_whole(&q.0)
+                    .map_err(|e| tracing::warn!(node = %node.name_any(), key, error = %e, "unreadable capacity"))
                     .ok()
             })
             .unwrap_or(0)
     };
     NodeView {
         name: node.name_any(),
-        allocatable: Capacity {
-            milli_cpu: get("cpu", true),
-            memory: get("memory", false),
-            ephemeral_storage: get("ephemeral-storage", false),
-            pods: get("pods", false),
+        capacity: Capacity {
+            milli_cpu: get("cpu"),
+            memory: get("memory"),
+            ephemeral_storage: get("ephemeral-storage"),
+            pods: get("pods"),
         },
     }
 }
@@ -148,38 +147,58 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    #[test]
-    fn node_capacity_from_allocatable() {
-        let node = Node {
+    fn node_with(capacity: &[(&str, &str)], allocatable: &[(&str, &str)]) -> Node {
+        let q = |list: &[(&str, &str)]| {
+            Some(
+                list.iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            )
+        };
+        Node {
             metadata: kube::api::ObjectMeta {
                 name: Some("n1".into()),
                 ..Default::default()
             },
             status: Some(NodeStatus {
-                allocatable: Some(
-                    [
-                        ("cpu", "3500m"),
-                        ("memory", "16Gi"),
-                        ("ephemeral-storage", "100G"),
-                        ("pods", "110"),
-                    ]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-                    .collect(),
-                ),
+                capacity: q(capacity),
+                allocatable: q(allocatable),
                 ..Default::default()
             }),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn node_capacity_as_the_go_operator_read_it() {
+        let node = node_with(
+            &[
+                ("cpu", "4"),
+                ("memory", "16Gi"),
+                ("ephemeral-storage", "100G"),
+                ("pods", "110"),
+            ],
+            &[
+                ("cpu", "3500m"),
+                ("memory", "15Gi"),
+                ("ephemeral-storage", "90G"),
+                ("pods", "100"),
+            ],
+        );
+        // status.capacity, not allocatable; CPU in whole cores (Go's AsInt64).
         assert_eq!(
-            node_view(&node).allocatable,
+            node_view(&node).capacity,
             Capacity {
-                milli_cpu: 3500,
+                milli_cpu: 4,
                 memory: 16 << 30,
                 ephemeral_storage: 100_000_000_000,
                 pods: 110
             }
         );
-        assert_eq!(node_view(&Node::default()).allocatable, Capacity::default());
+        assert_eq!(node_view(&Node::default()).capacity, Capacity::default());
+        // A fractional CPU capacity is no whole number: it fits nothing asking for CPU.
+        let odd = node_with(&[("cpu", "3500m"), ("memory", "1Gi")], &[]);
+        assert_eq!(node_view(&odd).capacity.milli_cpu, 0);
+        assert_eq!(node_view(&odd).capacity.memory, 1 << 30);
     }
 }

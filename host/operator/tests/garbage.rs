@@ -1,5 +1,5 @@
-//! Garbage collection when a node goes away (SPEC §3, §4) and the upstream sync of
-//! devices nobody holds (SPEC §5).
+//! Garbage collection when a node goes away and the upstream sync of GPUs nobody holds
+//! (CXL memory is left alone).
 
 mod common;
 
@@ -115,11 +115,18 @@ async fn a_device_nobody_holds_is_detached_after_the_grace_period() {
         })
     };
 
-    // Someone attaches a device behind the operator's back.
+    // Someone attaches a device behind the operator's back, and some CXL memory.
     let stray = env.sim.attach_directly(&m1, "gpu", MODEL).unwrap();
+    let memory = env
+        .sim
+        .attach_directly(&m1, "cxlmemory", "CXL-MEMORY-128GB")
+        .unwrap();
     let attached_at = Instant::now();
-    eventually("the stray device detached", CONVERGE, || async {
-        (env.gpus_on(&m1) == held).then_some(())
+    let mut expected = held.clone();
+    expected.push(memory.serial.clone());
+    expected.sort();
+    eventually("the stray GPU detached", CONVERGE, || async {
+        (env.gpus_on(&m1) == expected).then_some(())
     })
     .await;
     assert!(
@@ -153,6 +160,16 @@ async fn a_device_nobody_holds_is_detached_after_the_grace_period() {
     .await;
     recorder.abort();
     assert_eq!(env.resources_of("held").await.len(), 1);
+    // CXL memory attached outside the operator is left alone (as by the Go operator):
+    // it was never released, however long it stayed unclaimed.
+    assert!(env.gpus_on(&m1).contains(&memory.serial));
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .all(|r| r.spec.resource_type == cro_api::ResourceType::Gpu),
+        "only GPUs are released"
+    );
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }

@@ -1,5 +1,5 @@
-//! Where devices go (SPEC §3): differentnode spreads, other_spec skips small nodes, too
-//! few nodes is an error that clears once a node is added.
+//! Where devices go: differentnode spreads, other_spec skips small nodes (in the Go
+//! operator's units), too few nodes is an error that clears once a node is added.
 
 mod common;
 
@@ -70,36 +70,50 @@ async fn differentnode_spreads_and_waits_for_enough_nodes() {
     env.stop_operator().await.unwrap();
 }
 
+/// other_spec places devices where the Go operator did (docs/differences-from-go.md keeps
+/// its quirk): node `status.capacity`, not allocatable, with CPU as whole cores against
+/// the request's `milli_cpu` number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn other_spec_skips_small_nodes_and_samenode_requests_do_not_share_nodes() {
+async fn other_spec_compares_capacity_in_go_units_and_samenode_requests_do_not_share_nodes() {
     let mut env = Env::start().await;
-    let small = env.add_node("a-small", "2").await;
-    let big = env.add_node("b-big", "32").await;
+    // 4 cores: too few for 8. Read as millicores (4000 >= 8) it would fit, and it is
+    // first by name.
+    let small = env.add_node("a-small", "4").await;
+    // 16 cores of capacity, 4 allocatable: fits by capacity, not by allocatable.
+    let reserved = env
+        .add_node_with(
+            "b-reserved",
+            "16",
+            "4",
+            common::nodes::NodeOptions::default(),
+        )
+        .await;
     let other = env.add_node("c-other", "32").await;
     env.sim.add_free_devices("gpu", MODEL, 4);
     env.start_operator().await;
 
     let mut spec = gpu(2);
     spec.other_spec = Some(NodeSpec {
-        milli_cpu: 8000,
+        milli_cpu: 8,
         ..NodeSpec::default()
     });
     env.create_request("needs-cpu", spec).await;
     env.wait_running("needs-cpu", 2).await;
     assert!(env.gpus_on(&small).is_empty());
-    assert_eq!(env.gpus_on(&big).len(), 2);
+    assert_eq!(env.gpus_on(&reserved).len(), 2);
 
     // A second samenode request without a target avoids the node the first one uses.
     let mut second = gpu(1);
     second.model = MODEL.into();
     second.other_spec = Some(NodeSpec {
-        milli_cpu: 8000,
+        milli_cpu: 8,
         ..NodeSpec::default()
     });
     env.create_request("second", second).await;
     env.wait_running("second", 1).await;
     assert_eq!(env.gpus_on(&other).len(), 1);
-    assert_eq!(env.gpus_on(&big).len(), 2);
+    assert_eq!(env.gpus_on(&reserved).len(), 2);
+    assert!(env.gpus_on(&small).is_empty());
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }

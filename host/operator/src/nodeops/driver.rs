@@ -1,17 +1,21 @@
-//! Which NVIDIA driver setup a node has, and how commands reach it.
+//! Which NVIDIA driver setup a node has, and how commands reach it
+//! (docs/node-operations.md, "Which driver a node has").
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
 use super::{CommandRunner, NodeOpsError, PodRef};
 
 pub const DRIVER_POD_LABEL: &str = "app.kubernetes.io/component=nvidia-driver";
-pub const AGENT_NAMESPACE: &str = "composable-resource-operator-system";
-pub const AGENT_POD_LABEL: &str = "app.kubernetes.io/name=cro-node-agent";
+/// The node agent for host drivers: a DaemonSet of this name in the operator's
+/// namespace, whose pods carry [`AGENT_POD_LABEL`] and names starting with its name.
+pub const AGENT_DAEMONSET: &str = "cro-node-agent";
+pub const AGENT_POD_LABEL: &str = "app=cro-node-agent";
 /// The host's driver root as the container driver mounts it.
 const CONTAINER_DRIVER_ROOT: &str = "/run/nvidia/driver";
 /// The host's root as the node agent mounts it.
-const AGENT_HOST_ROOT: &str = "/host-root";
+pub const AGENT_HOST_ROOT: &str = "/host-root";
 /// Where a chroot binary may live in a driver image; the first one present is used.
 const CHROOT_CANDIDATES: &str = "/usr/sbin/chroot /usr/bin/chroot /sbin/chroot /bin/chroot";
 
@@ -30,14 +34,59 @@ pub struct Driver {
     pub pod: PodRef,
 }
 
+/// What [`discover`] found on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovery {
+    /// A driver commands can run in now.
+    Ready(Driver),
+    /// The GPU operator manages the driver, but its pod on this node does not exist yet
+    /// (`pod` None: the GPU operator schedules it only once the node has a GPU) or is
+    /// not Ready yet. A fabric attach need not wait for it; node commands must.
+    ContainerPending { pod: Option<String> },
+}
+
+impl Discovery {
+    /// The driver, or the "still installing" error for a pending one.
+    pub fn ready(self, node: &str) -> Result<Driver, NodeOpsError> {
+        match self {
+            Discovery::Ready(d) => Ok(d),
+            Discovery::ContainerPending { pod } => Err(NodeOpsError::DriverInstalling {
+                node: node.to_owned(),
+                pod: pod.unwrap_or_else(|| "(not scheduled yet)".into()),
+            }),
+        }
+    }
+}
+
 impl Driver {
     /// `nvidia-smi <args>` where the driver's tools are.
     pub fn smi(&self, args: &[&str]) -> Vec<String> {
+        self.tool("nvidia-smi", args)
+    }
+
+    /// `<program> <args>` run with the host's view: in the host root for a host driver,
+    /// in the driver root of the driver container otherwise. Only plain words (no shell
+    /// quoting is applied for the container's wrapper).
+    pub fn host_cmd(&self, program: &str, args: &[&str]) -> Vec<String> {
+        match self.setup {
+            DriverSetup::Host => self.tool(program, args),
+            DriverSetup::Container => {
+                let mut script = program.to_owned();
+                for a in args {
+                    script.push(' ');
+                    script.push_str(a);
+                }
+                self.host_sh(&script)
+            }
+        }
+    }
+
+    fn tool(&self, program: &str, args: &[&str]) -> Vec<String> {
         let mut cmd = match self.setup {
             DriverSetup::Container => vec![],
             DriverSetup::Host => vec!["chroot".into(), AGENT_HOST_ROOT.into()],
         };
-        cmd.push("nvidia-smi".into());
+        cmd.push(program.into());
         cmd.extend(args.iter().map(|a| a.to_string()));
         cmd
     }
@@ -66,6 +115,11 @@ impl Driver {
             }
         }
     }
+
+    /// A shell script run in the pod itself (the driver container's own processes).
+    pub fn pod_sh(&self, script: &str) -> Vec<String> {
+        vec!["sh".into(), "-c".into(), script.into()]
+    }
 }
 
 fn pod_ref(pod: &Pod, node: &str) -> Option<PodRef> {
@@ -81,11 +135,12 @@ fn pod_ref(pod: &Pod, node: &str) -> Option<PodRef> {
     })
 }
 
-fn running_and_ready(pod: &Pod) -> bool {
+pub fn running_and_ready(pod: &Pod) -> bool {
     let Some(status) = &pod.status else {
         return false;
     };
-    status.phase.as_deref() == Some("Running")
+    pod.metadata.deletion_timestamp.is_none()
+        && status.phase.as_deref() == Some("Running")
         && status
             .conditions
             .iter()
@@ -100,7 +155,8 @@ async fn pods_on_node(api: &Api<Pod>, label: &str, node: &str) -> Result<Vec<Pod
     Ok(api.list(&params).await?.items)
 }
 
-/// `None`: no ClusterPolicy API or object; `Some(enabled)`: the driver flag of the first.
+/// `None`: no ClusterPolicy API or object; `Some(enabled)`: the driver flag of the first
+/// (unset counts as enabled, as in the GPU operator).
 async fn cluster_policy_driver(client: &kube::Client) -> Result<Option<bool>, NodeOpsError> {
     let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
     let api: Api<DynamicObject> = Api::all_with(
@@ -119,58 +175,82 @@ async fn cluster_policy_driver(client: &kube::Client) -> Result<Option<bool>, No
     }
 }
 
-/// Finds the node's driver (NODE_OPS "Which driver setup a node has").
+/// The node agent pod on `node`, after checking its DaemonSet exists.
+async fn agent_pod(
+    client: &kube::Client,
+    namespace: &str,
+    node: &str,
+) -> Result<PodRef, NodeOpsError> {
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    if sets.get_opt(AGENT_DAEMONSET).await?.is_none() {
+        return Err(NodeOpsError::NoAgentDaemonSet {
+            namespace: namespace.to_owned(),
+            name: AGENT_DAEMONSET.to_owned(),
+        });
+    }
+    let agents: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods_on_node(&agents, AGENT_POD_LABEL, node)
+        .await?
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(AGENT_DAEMONSET))
+                && running_and_ready(p)
+        })
+        .find_map(|p| pod_ref(p, node))
+        .ok_or_else(|| NodeOpsError::NoAgent {
+            node: node.to_owned(),
+            agent: format!("{namespace}/{AGENT_DAEMONSET}"),
+        })
+}
+
+/// Finds the node's driver (docs/node-operations.md, "Which driver a node has"):
+/// a driver pod of the GPU operator on the node; else a ClusterPolicy that enables the
+/// driver (its pod comes once the node has a GPU); else, with the driver disabled, a
+/// host driver that `modinfo nvidia` finds through the node agent. `agent_namespace` is
+/// the operator's namespace, where the node agent's DaemonSet lives.
 pub async fn discover(
     client: &kube::Client,
     runner: &dyn CommandRunner,
     node: &str,
-) -> Result<Driver, NodeOpsError> {
+    agent_namespace: &str,
+) -> Result<Discovery, NodeOpsError> {
     let all_pods: Api<Pod> = Api::all(client.clone());
     let driver_pods = pods_on_node(&all_pods, DRIVER_POD_LABEL, node).await?;
     if let Some(ready) = driver_pods.iter().find(|p| running_and_ready(p))
         && let Some(pod) = pod_ref(ready, node)
     {
-        return Ok(Driver {
+        return Ok(Discovery::Ready(Driver {
             setup: DriverSetup::Container,
             pod,
-        });
+        }));
     }
     if let Some(pod) = driver_pods.first() {
-        return Err(NodeOpsError::DriverInstalling {
-            node: node.to_owned(),
-            pod: pod.metadata.name.clone().unwrap_or_default(),
+        return Ok(Discovery::ContainerPending {
+            pod: pod.metadata.name.clone(),
         });
     }
-    let policy = cluster_policy_driver(client).await?;
-    if policy == Some(true) {
-        // The GPU operator will schedule a driver pod here; until then there is nothing to run.
-        return Err(NodeOpsError::DriverInstalling {
-            node: node.to_owned(),
-            pod: "(not scheduled yet)".into(),
-        });
-    }
-
-    let agents: Api<Pod> = Api::namespaced(client.clone(), AGENT_NAMESPACE);
-    let agent = pods_on_node(&agents, AGENT_POD_LABEL, node)
-        .await?
-        .iter()
-        .filter(|p| running_and_ready(p))
-        .find_map(|p| pod_ref(p, node));
-    if let Some(agent) = agent {
-        let probe = Driver {
-            setup: DriverSetup::Host,
-            pod: agent,
-        };
-        let out = runner
-            .run(&probe.pod, &probe.host_sh("test -d /proc/driver/nvidia"))
-            .await?;
-        if out.exit_code == 0 {
-            return Ok(probe);
-        }
-    }
-    match policy {
+    match cluster_policy_driver(client).await? {
         None => Err(NodeOpsError::NoGpuOperator(node.to_owned())),
-        Some(_) => Err(NodeOpsError::NoDriver(node.to_owned())),
+        Some(true) => Ok(Discovery::ContainerPending { pod: None }),
+        Some(false) => {
+            let probe = Driver {
+                setup: DriverSetup::Host,
+                pod: agent_pod(client, agent_namespace, node).await?,
+            };
+            // The module file, not /proc/driver/nvidia: that only exists while the
+            // module is loaded, which it is not on a node without a GPU.
+            let out = runner
+                .run(&probe.pod, &probe.host_cmd("modinfo", &["nvidia"]))
+                .await?;
+            if out.exit_code == 0 {
+                Ok(Discovery::Ready(probe))
+            } else {
+                Err(NodeOpsError::NoDriver(node.to_owned()))
+            }
+        }
     }
 }
 
@@ -198,6 +278,10 @@ mod tests {
         assert_eq!(sh[0], "sh");
         assert!(sh[2].contains("/run/nvidia/driver") && sh[2].contains("/usr/sbin/chroot"));
         assert_eq!(sh.last().map(String::as_str), Some("ls /dev"));
+        assert_eq!(
+            container.host_cmd("lsmod", &[]).last().map(String::as_str),
+            Some("lsmod")
+        );
 
         let host = Driver {
             setup: DriverSetup::Host,
@@ -210,6 +294,22 @@ mod tests {
         assert_eq!(
             host.host_sh("ls"),
             vec!["chroot", "/host-root", "sh", "-c", "ls"]
+        );
+        assert_eq!(
+            host.host_cmd("modinfo", &["nvidia"]),
+            vec!["chroot", "/host-root", "modinfo", "nvidia"]
+        );
+    }
+
+    #[test]
+    fn a_pending_driver_is_still_installing() {
+        let err = Discovery::ContainerPending { pod: None }
+            .ready("n1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("still installing") && err.contains("n1"),
+            "{err}"
         );
     }
 }

@@ -1,4 +1,5 @@
-//! Queries and the drain sequence for one GPU (NODE_OPS "Detach: draining one GPU").
+//! Queries and the drain sequence for one GPU (docs/node-operations.md, "Draining one
+//! GPU").
 
 use std::sync::Arc;
 
@@ -6,7 +7,8 @@ use super::driver::{Driver, DriverSetup};
 use super::smi::{self, BusId, ComputeApp, DrainState, Gpu};
 use super::{CommandRunner, ExecOutput, NodeOpsError};
 
-/// How the cluster is told about GPUs (SPEC §4).
+/// How the cluster is told about GPUs (docs/node-operations.md, "Making the cluster see
+/// a GPU").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExposureMode {
     DevicePlugin,
@@ -28,6 +30,15 @@ const QUERY_APPS: &[&str] = &[
     "--format=csv,noheader,nounits",
 ];
 const NO_DEVICES: &str = "No devices were found";
+/// The kernel modules unloaded after a host driver's last GPU is gone. Never `nvidia`
+/// or `nvidia_modeset`: the next attach needs them, and unloading them fails while
+/// nvidia-persistenced runs.
+pub const UNLOADED_AFTER_LAST_GPU: [&str; 2] = ["nvidia_drm", "nvidia_uvm"];
+/// Stops the driver container's nvidia-persistenced through its pid file. Linux keeps
+/// only 15 characters of a process name (`nvidia-persiste`), so matching the name
+/// `nvidia-persistenced` (as `pkill -x` would) never finds it; the name check guards
+/// against a stale pid file whose pid now belongs to another process.
+pub const STOP_PERSISTENCED: &str = "pid=$(cat /var/run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null) || exit 0; [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = nvidia-persiste ] && kill $pid; exit 0";
 /// Prints each GPU's proc information file, separated, for hosts whose nvidia-smi fails.
 const PROC_INFORMATION: &str = "for f in /proc/driver/nvidia/gpus/*/information; do [ -f \"$f\" ] && cat \"$f\" && echo '%%'; done; true";
 
@@ -170,23 +181,33 @@ impl GpuOps {
             return Ok(());
         };
         let bus = drain_bus_arg(gpu.bus_id, opts.mode);
+        let node = &driver.pod.node;
 
-        let state = self
-            .run_ok(driver, driver.smi(&["drain", "-p", &bus, "-q"]))
-            .await?;
-        let state =
-            smi::parse_drain_state(&state.stdout).map_err(|e| Self::parse_err(driver, e))?;
+        let query_cmd = driver.smi(&["drain", "-p", &bus, "-q"]);
+        let state = if opts.mode == ExposureMode::DevicePlugin {
+            // The Go operator never asked in device-plugin mode: a query that fails or an
+            // answer this nvidia-smi words differently is no reason to stop there.
+            let out = self.run(driver, query_cmd).await?;
+            match smi::parse_drain_state(&out.stdout) {
+                Ok(state) if out.exit_code == 0 => state,
+                parsed => {
+                    tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
+                        output = %first_words(&out.stdout), error = ?parsed.err(),
+                        "unrecognised drain state; going on as not draining");
+                    DrainState::NotDraining
+                }
+            }
+        } else {
+            let out = self.run_ok(driver, query_cmd).await?;
+            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))?
+        };
         if state == DrainState::NotDraining {
             self.run_ok(driver, driver.smi(&["-i", uuid, "-pm", "0"]))
                 .await?;
             if driver.setup == DriverSetup::Container {
-                // The persistence daemon in the driver pod keeps the device open.
-                let stop = vec![
-                    "sh".into(),
-                    "-c".into(),
-                    "pkill -x nvidia-persistenced || true".into(),
-                ];
-                self.run_ok(driver, stop).await?;
+                // The driver container's persistence daemon keeps the device open.
+                self.run_ok(driver, driver.pod_sh(STOP_PERSISTENCED))
+                    .await?;
             }
         }
 
@@ -196,7 +217,7 @@ impl GpuOps {
         let holders = holders.stdout.trim();
         if !holders.is_empty() {
             return Err(NodeOpsError::DeviceHeld {
-                node: driver.pod.node.clone(),
+                node: node.clone(),
                 minor: gpu.minor,
                 processes: holders.lines().collect::<Vec<_>>().join(", "),
             });
@@ -209,8 +230,10 @@ impl GpuOps {
             )
             .await?;
         }
-        self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-m", "1"]))
-            .await?;
+        if state == DrainState::NotDraining {
+            self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-m", "1"]))
+                .await?;
+        }
 
         let on_vm = self
             .run(driver, driver.host_sh("grep -q hypervisor /proc/cpuinfo"))
@@ -218,22 +241,58 @@ impl GpuOps {
             .exit_code
             == 0;
         let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
+        if last_on_host {
+            self.unload_after_last_gpu(driver).await?;
+        }
         if on_vm || last_on_host {
-            let mut script = String::new();
-            if last_on_host {
-                script.push_str("modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia; ");
-            }
             let sysfs = gpu.bus_id.sysfs();
-            script.push_str(&format!(
-                "if [ -e /sys/bus/pci/devices/{sysfs} ]; then echo 1 > /sys/bus/pci/devices/{sysfs}/remove; fi"
-            ));
-            self.run_ok(driver, driver.host_sh(&script)).await?;
-        } else {
-            self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-r"]))
+            self.run_ok(driver, driver.host_sh(&sysfs_remove_script(&sysfs)))
                 .await?;
+        } else {
+            let reset = driver.smi(&["drain", "-p", &bus, "-r"]);
+            let out = self.run(driver, reset.clone()).await?;
+            if out.exit_code != 0 {
+                if opts.mode != ExposureMode::DevicePlugin {
+                    return Err(NodeOpsError::CommandFailed {
+                        pod: driver.pod.to_string(),
+                        command: reset.join(" "),
+                        code: out.exit_code,
+                        stderr: first_words(if out.stderr.trim().is_empty() {
+                            &out.stdout
+                        } else {
+                            &out.stderr
+                        }),
+                    });
+                }
+                // As in the Go operator: the fabric's detach takes the GPU away anyway.
+                tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
+                    stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
+            }
         }
         Ok(())
     }
+}
+
+impl GpuOps {
+    /// Unloads the modules of [`UNLOADED_AFTER_LAST_GPU`] that are loaded.
+    async fn unload_after_last_gpu(&self, driver: &Driver) -> Result<(), NodeOpsError> {
+        let lsmod = self.run_ok(driver, driver.host_cmd("lsmod", &[])).await?;
+        let loaded = smi::parse_lsmod(&lsmod.stdout);
+        for module in UNLOADED_AFTER_LAST_GPU {
+            if loaded.iter().any(|m| m == module) {
+                self.run_ok(driver, driver.host_cmd("modprobe", &["-r", module]))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes the PCI device through sysfs, once.
+fn sysfs_remove_script(sysfs: &str) -> String {
+    format!(
+        "if [ -e /sys/bus/pci/devices/{sysfs} ]; then echo 1 > /sys/bus/pci/devices/{sysfs}/remove; fi"
+    )
 }
 
 /// `nvidia-smi drain -p` takes the upper-case bus id; the device-plugin path strips the
@@ -271,6 +330,19 @@ mod tests {
         let b = BusId::parse("00000000:3B:00.0").unwrap();
         assert_eq!(drain_bus_arg(b, ExposureMode::Dra), "00000000:3B:00.0");
         assert_eq!(drain_bus_arg(b, ExposureMode::DevicePlugin), "0000:3B:00.0");
+    }
+
+    #[test]
+    fn persistenced_is_stopped_by_pid_file_not_by_its_long_name() {
+        assert!(STOP_PERSISTENCED.contains("/var/run/nvidia-persistenced/nvidia-persistenced.pid"));
+        assert!(STOP_PERSISTENCED.contains("= nvidia-persiste ]"));
+        assert!(!STOP_PERSISTENCED.contains("pkill"));
+        assert_eq!("nvidia-persiste".len(), 15);
+    }
+
+    #[test]
+    fn only_drm_and_uvm_are_unloaded() {
+        assert_eq!(UNLOADED_AFTER_LAST_GPU, ["nvidia_drm", "nvidia_uvm"]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! GPU work on a node (NODE_OPS.md): which driver setup a node has, what its GPUs are
-//! doing, and draining one GPU before the fabric takes it away.
+//! GPU work on a node (docs/node-operations.md): which driver setup a node has, what its
+//! GPUs are doing, and draining one GPU before the fabric takes it away.
 //!
 //! Everything reaches the node through [`CommandRunner`], the one seam a test replaces
 //! (the test API server has no kubelets to exec into); discovery, parsing and the drain
@@ -13,7 +13,7 @@ pub mod smi;
 
 mod gpu;
 
-pub use driver::{Driver, DriverSetup};
+pub use driver::{Discovery, Driver, DriverSetup};
 pub use gpu::{DrainOptions, ExposureMode, GpuOps};
 pub use runner::{CommandRunner, ExecOutput, KubeExecRunner, PodRef};
 
@@ -31,6 +31,10 @@ pub enum NodeOpsError {
     NoGpuOperator(String),
     #[error("the node agent {agent} for host drivers is not running on node {node}")]
     NoAgent { node: String, agent: String },
+    #[error(
+        "the DaemonSet {namespace}/{name} was not found: with the GPU operator's driver disabled (driver on the host), the node agent DaemonSet {name} must be deployed in {namespace}"
+    )]
+    NoAgentDaemonSet { namespace: String, name: String },
     #[error("GPU {gpu} on node {node} is busy: {processes}")]
     GpuBusy {
         node: String,

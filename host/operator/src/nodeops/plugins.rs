@@ -11,8 +11,14 @@ use super::NodeOpsError;
 pub const DEFAULT_GPU_OPERATOR_NAMESPACE: &str = "gpu-operator";
 pub const DEVICE_PLUGIN_DAEMONSETS: [&str; 2] = ["nvidia-device-plugin-daemonset", "nvidia-dcgm"];
 pub const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
-pub const DRA_PLUGIN_LABEL: &str = "app.kubernetes.io/name=dra-driver-nvidia-gpu";
-pub const DRA_PLUGIN_POD_PREFIX: &str = "dra-driver-nvidia-gpu-kubelet-plugin";
+/// Names of the DRA kubelet plugin's pods: the charts of the v0.2.0 era, and later ones.
+pub const DRA_PLUGIN_POD_PREFIXES: [&str; 2] = [
+    "nvidia-dra-driver-gpu-kubelet-plugin",
+    "dra-driver-nvidia-gpu-kubelet-plugin",
+];
+/// A DRA kubelet plugin pod younger than this is still starting after the previous
+/// restart; deleting it again would only restart it over and over.
+const MIN_PLUGIN_POD_AGE_SECS: i64 = 10;
 /// A daemonset restarted more recently than this is left alone: a restart is in flight.
 const MIN_RESTART_INTERVAL_SECS: i64 = 10;
 
@@ -22,8 +28,8 @@ pub enum RestartDecision {
     Skip(&'static str),
 }
 
-/// Whether a daemonset may be restarted now (NODE_OPS: skipped with 0 desired pods,
-/// when not fully ready, or restarted less than 10 s ago).
+/// Whether a daemonset may be restarted now (docs/node-operations.md: skipped with 0
+/// desired pods, when not fully ready, or restarted less than 10 s ago).
 pub fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
     let Some(status) = &ds.status else {
         return RestartDecision::Skip("no status yet");
@@ -84,18 +90,47 @@ pub async fn restart_device_plugins(
     Ok(restarted)
 }
 
-/// Deletes the DRA kubelet plugin pod on `node` so that it rescans the node's GPUs.
+/// Whether a pod is one of the DRA kubelet plugin's, by either naming.
+pub fn is_dra_plugin_pod(name: &str) -> bool {
+    DRA_PLUGIN_POD_PREFIXES.iter().any(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|rest| rest.starts_with('-'))
+    })
+}
+
+/// Whether the DRA kubelet plugin pod `pod` may be deleted (restarted) now.
+pub fn plugin_restart_decision(pod: &Pod, now: DateTime<Utc>) -> RestartDecision {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return RestartDecision::Skip("already being deleted");
+    }
+    let Some(created) = pod.metadata.creation_timestamp.as_ref() else {
+        return RestartDecision::Restart;
+    };
+    let created = created.0.as_second();
+    if now.timestamp().saturating_sub(created) < MIN_PLUGIN_POD_AGE_SECS {
+        return RestartDecision::Skip("younger than 10 s: still starting");
+    }
+    RestartDecision::Restart
+}
+
+/// Deletes the DRA kubelet plugin pod on `node` so that it rescans the node's GPUs;
+/// returns how many were deleted (0 when the pod is still starting).
 pub async fn restart_dra_plugin(client: &kube::Client, node: &str) -> Result<usize, NodeOpsError> {
     let pods: Api<Pod> = Api::all(client.clone());
-    let params = ListParams::default()
-        .labels(DRA_PLUGIN_LABEL)
-        .fields(&format!("spec.nodeName={node}"));
+    // By name, not label: the two chart generations label their pods differently.
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
     let mut deleted = 0;
+    let now = Utc::now();
     for pod in pods.list(&params).await?.items {
+        let decision = plugin_restart_decision(&pod, now);
         let (Some(name), Some(ns)) = (pod.metadata.name, pod.metadata.namespace) else {
             continue;
         };
-        if !name.starts_with(DRA_PLUGIN_POD_PREFIX) {
+        if !is_dra_plugin_pod(&name) {
+            continue;
+        }
+        if let RestartDecision::Skip(why) = decision {
+            tracing::debug!(pod = %name, node, why, "DRA kubelet plugin not restarted");
             continue;
         }
         let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -136,6 +171,47 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn both_dra_plugin_namings_are_recognised() {
+        assert!(is_dra_plugin_pod(
+            "nvidia-dra-driver-gpu-kubelet-plugin-x7k2p"
+        ));
+        assert!(is_dra_plugin_pod(
+            "dra-driver-nvidia-gpu-kubelet-plugin-abcde"
+        ));
+        assert!(!is_dra_plugin_pod("nvidia-dra-driver-gpu-controller-abcde"));
+        assert!(!is_dra_plugin_pod("dra-driver-nvidia-gpu-kubelet-pluginx"));
+        assert!(!is_dra_plugin_pod("nvidia-device-plugin-daemonset-abcde"));
+    }
+
+    #[test]
+    fn young_plugin_pods_are_not_restarted() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let pod = |created: &str| Pod {
+            metadata: ObjectMeta {
+                creation_timestamp: Some(Time(created.parse().unwrap())),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let now = at("2026-01-01T00:00:30Z");
+        assert_eq!(
+            plugin_restart_decision(&pod("2026-01-01T00:00:25Z"), now),
+            RestartDecision::Skip("younger than 10 s: still starting")
+        );
+        assert_eq!(
+            plugin_restart_decision(&pod("2026-01-01T00:00:20Z"), now),
+            RestartDecision::Restart
+        );
+        let mut deleting = pod("2026-01-01T00:00:00Z");
+        deleting.metadata.deletion_timestamp = Some(Time("2026-01-01T00:00:29Z".parse().unwrap()));
+        assert_eq!(
+            plugin_restart_decision(&deleting, now),
+            RestartDecision::Skip("already being deleted")
+        );
     }
 
     #[test]

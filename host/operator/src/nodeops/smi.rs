@@ -1,4 +1,4 @@
-//! Parsing what `nvidia-smi` and the driver's proc files print (NODE_OPS.md). Every
+//! Parsing what `nvidia-smi` and the driver's proc files print (docs/node-operations.md). Every
 //! function takes text from a node and returns a typed error on anything unexpected.
 
 use std::fmt;
@@ -194,6 +194,16 @@ pub fn parse_drain_state(output: &str) -> Result<DrainState, SmiError> {
     }
 }
 
+/// The module names `lsmod` lists (its first column, after the header line).
+pub fn parse_lsmod(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "Module")
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `/proc/driver/nvidia/gpus/<bus id>/information` of a host driver.
 pub fn parse_proc_information(text: &str) -> Result<Gpu, SmiError> {
     let mut minor = None;
@@ -304,6 +314,13 @@ mod tests {
         );
         assert!(parse_drain_state("").is_err());
         assert!(parse_drain_state("Unknown Error").is_err());
+    }
+
+    #[test]
+    fn lsmod_module_names() {
+        let out = "Module                  Size  Used by\nnvidia_uvm           1540096  0\nnvidia_drm             77824  0\nnvidia              56508416  2 nvidia_uvm,nvidia_modeset\n";
+        assert_eq!(parse_lsmod(out), vec!["nvidia_uvm", "nvidia_drm", "nvidia"]);
+        assert!(parse_lsmod("").is_empty());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! NodeAllocating: the plan of SPEC §3, written into `status.resources`.
+//! NodeAllocating: the plan (which devices stay, which go, where new ones go), written
+//! into `status.resources`.
 
 use cro_api::{ComposabilityRequest, RequestState, ScalarResourceStatus};
 use k8s_openapi::api::core::v1::Node;
@@ -7,13 +8,17 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::mirror::{Entries, entry_of};
-use super::{Outcome, converge, resources_of, status_of};
+use super::{Next, resources_of, status_of};
 use crate::allocation;
 use crate::context::Context;
+use crate::error::ReconcileError;
 use crate::patch;
 use crate::views;
 
-pub(super) async fn allocate(req: ComposabilityRequest, ctx: &Context) -> Outcome {
+pub(super) async fn allocate(
+    req: ComposabilityRequest,
+    ctx: &Context,
+) -> Result<Next<ComposabilityRequest>, ReconcileError> {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
     let name = req.name_any();
     let spec = req.spec.resource.clone();
@@ -66,7 +71,7 @@ pub(super) async fn allocate(req: ComposabilityRequest, ctx: &Context) -> Outcom
             format!(" on {}", plan.create.join(", "))
         }
     );
-    tracing::info!(request = %name, drop = ?plan.drop, %summary, "allocated");
+    tracing::info!(drop = ?plan.drop, %summary, "allocated");
     ctx.event(
         &req.object_ref(&()),
         EventType::Normal,
@@ -75,5 +80,5 @@ pub(super) async fn allocate(req: ComposabilityRequest, ctx: &Context) -> Outcom
         summary,
     )
     .await;
-    converge::converge(req, ctx).await
+    Ok(Next::Converge(req))
 }

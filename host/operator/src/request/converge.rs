@@ -13,18 +13,21 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::mirror::mirrored;
-use super::{Outcome, allocate, resources_of, set_state, spec_changed, status_of};
+use super::{Next, resources_of, set_state, spec_changed, status_of};
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::patch;
 use crate::reconcile::Step;
 
-pub(super) async fn converge(req: ComposabilityRequest, ctx: &Context) -> Outcome {
+pub(super) async fn converge(
+    req: ComposabilityRequest,
+    ctx: &Context,
+) -> Result<Next<ComposabilityRequest>, ReconcileError> {
     let name = req.name_any();
     if spec_changed(&req) {
-        tracing::info!(request = %name, "spec changed: allocating again");
+        tracing::info!("spec changed: allocating again");
         let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
-        return Box::pin(allocate::allocate(req, ctx)).await;
+        return Ok(Next::Allocate(req));
     }
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
@@ -39,9 +42,9 @@ pub(super) async fn converge(req: ComposabilityRequest, ctx: &Context) -> Outcom
         if entry.state != ResourceState::Empty {
             // It existed and is gone (its node went away, or someone deleted it): the
             // plan no longer holds.
-            tracing::info!(request = %name, resource = %entry_name, "resource vanished: allocating again");
+            tracing::info!(resource = %entry_name, "resource vanished: allocating again");
             let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
-            return Box::pin(allocate::allocate(req, ctx)).await;
+            return Ok(Next::Allocate(req));
         }
         let Some(spec) = old.scalar_resource.as_ref() else {
             return Err(ReconcileError::Invalid(
@@ -64,7 +67,7 @@ pub(super) async fn converge(req: ComposabilityRequest, ctx: &Context) -> Outcom
         obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
         match resources.create(&PostParams::default(), &obj).await {
             Ok(_) => {
-                tracing::info!(request = %name, resource = %entry_name, node = %entry.node_name, "created resource");
+                tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),
@@ -78,7 +81,7 @@ pub(super) async fn converge(req: ComposabilityRequest, ctx: &Context) -> Outcom
     {
         leftovers += 1;
         if !obj.is_being_deleted() {
-            tracing::info!(request = %name, resource = %obj.name_any(), "dropping resource");
+            tracing::info!(resource = %obj.name_any(), "dropping resource");
             patch::delete(&resources, &obj.name_any()).await?;
         }
     }
@@ -113,5 +116,8 @@ pub(super) async fn converge(req: ComposabilityRequest, ctx: &Context) -> Outcom
         req
     };
     // Resource changes wake the request; the requeue only guards against a lost watch.
-    Ok((Step::requeue(ctx.config.timings.health_period), Some(req)))
+    Ok(Next::Done(
+        Step::requeue(ctx.config.timings.health_period),
+        Some(req),
+    ))
 }

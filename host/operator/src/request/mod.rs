@@ -1,6 +1,10 @@
-//! The ComposabilityRequest controller (SPEC §3): decides which devices a request keeps
-//! and where new ones go, creates and deletes its ComposableResources, mirrors their
-//! state, and cleans up on deletion.
+//! The ComposabilityRequest controller: decides which devices a request keeps and where
+//! new ones go, creates and deletes its ComposableResources, mirrors their state, and
+//! cleans up on deletion.
+//!
+//! Each state's handler returns the [`Next`] step (allocate, converge, or done) and one
+//! loop, [`drive`], runs them: a converge that finds the plan invalid hands back to
+//! allocate instead of calling it, so no handler calls another.
 //!
 //! The plan of NodeAllocating is stored in `status.resources` (new entries carry the
 //! name and node of a resource still to be created) before anything is created, so a
@@ -36,6 +40,48 @@ pub const CONTROLLER: &str = "composabilityrequest";
 
 pub(crate) type Outcome = Result<(Step, Option<ComposabilityRequest>), ReconcileError>;
 
+/// What a state's handler leads to.
+#[derive(Debug)]
+pub(crate) enum Next<R> {
+    /// NodeAllocating: (re)plan the request.
+    Allocate(R),
+    /// Updating or Running: make the resources match the plan.
+    Converge(R),
+    /// This reconciliation is over.
+    Done(Step, Option<R>),
+}
+
+/// Handlers one reconciliation runs at most: allocate → converge → (plan invalid)
+/// allocate → converge is the longest legitimate chain; a plan invalidated over and
+/// over is looked at again after the poll interval instead of in a tight loop.
+const MAX_STEPS: usize = 4;
+
+/// Runs handlers from `first` until one is done (or [`MAX_STEPS`] ran).
+pub(crate) async fn drive<R, F, Fut>(
+    first: Next<R>,
+    retry_after: std::time::Duration,
+    mut run: F,
+) -> Result<(Step, Option<R>), ReconcileError>
+where
+    F: FnMut(Next<R>) -> Fut,
+    Fut: std::future::Future<Output = Result<Next<R>, ReconcileError>>,
+{
+    let mut next = first;
+    for _ in 0..MAX_STEPS {
+        next = match next {
+            Next::Done(step, r) => return Ok((step, r)),
+            other => run(other).await?,
+        };
+    }
+    match next {
+        Next::Done(step, r) => Ok((step, r)),
+        Next::Allocate(r) | Next::Converge(r) => {
+            tracing::info!("the plan keeps changing; looking again shortly");
+            Ok((Step::requeue(retry_after), Some(r)))
+        }
+    }
+}
+
 pub(crate) fn status_of(r: &ComposabilityRequest) -> ComposabilityRequestStatus {
     r.status.clone().unwrap_or_default()
 }
@@ -68,13 +114,7 @@ pub(crate) async fn set_state(
     state: RequestState,
 ) -> Result<ComposabilityRequest, ReconcileError> {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
-    patch::status(
-        &api,
-        req,
-        serde_json::json!({"state": state, "error": ""}),
-        true,
-    )
-    .await
+    patch::status(&api, req, &patch::RequestStatusPatch::state(state), true).await
 }
 
 async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
@@ -99,16 +139,24 @@ async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
         patch::delete(&api, &req.name_any()).await?;
         return Ok((Step::wait(), None));
     }
-    match req.state() {
-        RequestState::NodeAllocating => allocate::allocate(req, ctx).await,
-        RequestState::Updating | RequestState::Running => converge::converge(req, ctx).await,
+    let first = match req.state() {
+        RequestState::NodeAllocating => Next::Allocate(req),
+        RequestState::Updating | RequestState::Running => Next::Converge(req),
         // New, or a state that only deletion explains (the deletion was undone) or that
         // this version does not know: plan from scratch.
         _ => {
             req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
-            allocate::allocate(req, ctx).await
+            Next::Allocate(req)
         }
-    }
+    };
+    drive(first, ctx.config.timings.poll_interval, |next| async move {
+        match next {
+            Next::Allocate(r) => allocate::allocate(r, ctx).await,
+            Next::Converge(r) => converge::converge(r, ctx).await,
+            done @ Next::Done(..) => Ok(done),
+        }
+    })
+    .await
 }
 
 /// Whether the spec differs from the one last acted on.
@@ -162,4 +210,66 @@ fn concerns_node(r: &ComposabilityRequest, node: &str) -> bool {
         || status.is_some_and(|s| !s.error.is_empty())
         || r.spec.resource.target_node() == Some(node)
         || status.is_some_and(|s| s.resources.values().any(|e| e.node_name == node))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn one_loop_drives_the_states_until_done() {
+        let mut seen = Vec::new();
+        let out = drive(Next::Allocate(0), Duration::from_secs(1), |next| {
+            seen.push(format!("{next:?}"));
+            async move {
+                Ok(match next {
+                    Next::Allocate(n) => Next::Converge(n + 1),
+                    Next::Converge(n) if n < 3 => Next::Allocate(n + 1),
+                    Next::Converge(n) => Next::Done(Step::wait(), Some(n)),
+                    done => done,
+                })
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.1, Some(3));
+        assert_eq!(
+            seen,
+            ["Allocate(0)", "Converge(1)", "Allocate(2)", "Converge(3)"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plan_invalidated_over_and_over_is_retried_later_not_in_a_loop() {
+        let mut calls = 0;
+        let (step, r) = drive(Next::Allocate(()), Duration::from_millis(250), |next| {
+            calls += 1;
+            async move {
+                Ok(match next {
+                    Next::Allocate(r) => Next::Converge(r),
+                    Next::Converge(r) => Next::Allocate(r),
+                    done => done,
+                })
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(calls, MAX_STEPS);
+        assert_eq!(r, Some(()));
+        assert_eq!(
+            format!("{:?}", step.action),
+            format!("{:?}", Step::requeue(Duration::from_millis(250)).action)
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_stop_the_loop() {
+        let out: Result<(Step, Option<()>), _> =
+            drive(Next::Converge(()), Duration::from_secs(1), |_| async {
+                Err(ReconcileError::Invalid("broken".into()))
+            })
+            .await;
+        assert!(matches!(out, Err(ReconcileError::Invalid(_))));
+    }
 }

@@ -5,13 +5,12 @@ use cro_runtime::domain::AddOutcome;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::{Outcome, exposure};
 use crate::context::Context;
 use crate::error::ReconcileError;
-use crate::nodeops::driver;
-use crate::patch;
+use crate::nodeops::{Discovery, driver};
+use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::{Operation, to_domain};
 use crate::reconcile::Step;
 
@@ -22,9 +21,19 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
     let is_gpu = res.spec.resource_type == ResourceType::Gpu;
     let poll = ctx.config.timings.poll_interval;
 
-    // A GPU without a driver on the node would be attached for nothing.
+    // A GPU without a driver on the node would be attached for nothing. A driver the
+    // GPU operator manages counts although its pod is missing or not Ready: it schedules
+    // that pod only once the node has a GPU, so the node's first GPU must come first.
     let driver = if is_gpu {
-        Some(driver::discover(&ctx.client, ctx.runner.as_ref(), &node).await?)
+        Some(
+            driver::discover(
+                &ctx.client,
+                ctx.runner.as_ref(),
+                &node,
+                &ctx.config.namespace,
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -35,16 +44,16 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
         let guard = ctx.provider.lock_node(&node).await;
         match ctx.provider.add(&guard, &to_domain(&res)).await {
             Ok(AddOutcome::InProgress(what)) => {
-                tracing::info!(resource = %name, node = %node, what = %what, "attach in progress");
+                tracing::info!(node = %node, what = %what, "attach in progress");
                 return Ok((Step::requeue(poll), Some(res)));
             }
             Ok(AddOutcome::Attached(device)) => {
                 // Stored before anything else can fail, and unconditionally: losing these
                 // ids would leak the device (until the upstream sync releases it).
-                let ids = json!({"device_id": device.device_id,
-                                 "cdi_device_id": device.fabric_device_id, "error": ""});
+                let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
+                    .with_error("");
                 res = store_ids(&api, &res, ids).await?;
-                tracing::info!(resource = %name, node = %node, device = %device.device_id,
+                tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
                 ctx.event(
                     &res.object_ref(&()),
@@ -62,7 +71,15 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
         }
     }
 
-    if let Some(driver) = driver {
+    if let Some(discovery) = driver {
+        let driver = match discovery {
+            Discovery::Ready(driver) => driver,
+            Discovery::ContainerPending { pod } => {
+                tracing::info!(node = %node, pod = pod.as_deref().unwrap_or("(not scheduled yet)"),
+                    "waiting for the GPU operator's driver pod to be Ready");
+                return Ok((Step::requeue(poll), Some(res)));
+            }
+        };
         let uuid = res.device_id().unwrap_or_default().to_owned();
         let seen = exposure::visible(ctx, &driver, &uuid).await?;
         match (ctx.config.mode, seen) {
@@ -71,7 +88,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 exposure::rescan(ctx, &driver, &name, true).await?;
             }
             (crate::nodeops::ExposureMode::DevicePlugin, false) => {
-                tracing::debug!(resource = %name, gpu = %uuid, "GPU not listed on the node yet");
+                tracing::debug!(gpu = %uuid, "GPU not listed on the node yet");
                 return Ok((Step::requeue(poll), Some(res)));
             }
             (crate::nodeops::ExposureMode::Dra, true) => {}
@@ -85,12 +102,12 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
     let res = patch::status(
         &api,
         &res,
-        json!({"state": ResourceState::Online, "error": ""}),
+        &ResourceStatusPatch::state(ResourceState::Online),
         true,
     )
     .await?;
     ctx.forget_rescan(&name);
-    tracing::info!(resource = %name, node = %node, device = res.device_id().unwrap_or("?"), "online");
+    tracing::info!(node = %node, device = res.device_id().unwrap_or("?"), "online");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,
@@ -110,15 +127,15 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
 async fn store_ids(
     api: &Api<ComposableResource>,
     res: &ComposableResource,
-    ids: serde_json::Value,
+    ids: ResourceStatusPatch,
 ) -> Result<ComposableResource, ReconcileError> {
     let mut delay = std::time::Duration::from_millis(100);
     let mut attempt = 1;
     loop {
-        match patch::status(api, res, ids.clone(), false).await {
+        match patch::status(api, res, &ids, false).await {
             Ok(r) => return Ok(r),
             Err(e) if attempt < 6 => {
-                tracing::warn!(resource = %res.name_any(), attempt, error = %e,
+                tracing::warn!(attempt, error = %e,
                     "cannot store the device ids yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;

@@ -6,13 +6,12 @@ use cro_runtime::domain::RemoveOutcome;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::{Outcome, exposure, node_exists};
 use crate::context::Context;
 use crate::error::ReconcileError;
-use crate::nodeops::{DrainOptions, ExposureMode, driver};
-use crate::patch;
+use crate::nodeops::{Discovery, DrainOptions, ExposureMode, NodeOpsError, driver};
+use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::{Operation, to_domain};
 use crate::reconcile::Step;
 
@@ -31,7 +30,7 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
         let res = patch::status(
             &api,
             &res,
-            json!({"state": ResourceState::Deleting, "error": ""}),
+            &ResourceStatusPatch::state(ResourceState::Deleting),
             true,
         )
         .await?;
@@ -41,9 +40,14 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
     let res = if state == ResourceState::Detaching {
         res
     } else {
-        let res =
-            patch::status(&api, &res, json!({"state": ResourceState::Detaching}), true).await?;
-        tracing::info!(resource = %res.name_any(), node = %res.spec.target_node,
+        let res = patch::status(
+            &api,
+            &res,
+            &ResourceStatusPatch::state(ResourceState::Detaching).keep_error(),
+            true,
+        )
+        .await?;
+        tracing::info!(node = %res.spec.target_node,
             device = res.device_id().unwrap_or("?"), "detaching");
         ctx.event(
             &res.object_ref(&()),
@@ -77,7 +81,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
         let res = patch::status(
             &api,
             &res,
-            json!({"state": ResourceState::Deleting, "error": message}),
+            &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
             false,
         )
         .await?;
@@ -94,7 +98,22 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     }
 
     let driver = if res.spec.resource_type == ResourceType::Gpu {
-        Some(driver::discover(&ctx.client, ctx.runner.as_ref(), &node).await?)
+        match driver::discover(
+            &ctx.client,
+            ctx.runner.as_ref(),
+            &node,
+            &ctx.config.namespace,
+        )
+        .await?
+        {
+            Discovery::Ready(driver) => Some(driver),
+            // No driver pod at all: nothing on the node can use or hold the GPU, so there
+            // is nothing to drain (a GPU attached but never picked up).
+            Discovery::ContainerPending { pod: None } => None,
+            Discovery::ContainerPending { pod: Some(pod) } => {
+                return Err(NodeOpsError::DriverInstalling { node, pod }.into());
+            }
+        }
     } else {
         None
     };
@@ -105,7 +124,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     if let Some(other) = holder_elsewhere(ctx, &name, &uuid).await? {
         // This detach finished before a crash kept it from being recorded, and the
         // fabric has since given the device to another resource: nothing is left to do.
-        tracing::warn!(resource = %name, device = %uuid, holder = %other,
+        tracing::warn!(device = %uuid, holder = %other,
             "device already detached and now held by another resource");
         drop(guard);
         return finish(res, ctx, &uuid).await;
@@ -139,7 +158,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
 
     match ctx.provider.remove(&guard, &to_domain(&res)).await {
         Ok(RemoveOutcome::InProgress(what)) => {
-            tracing::info!(resource = %name, node = %node, what = %what, "detach in progress");
+            tracing::info!(node = %node, what = %what, "detach in progress");
             return Ok((Step::requeue(poll), Some(res)));
         }
         Ok(RemoveOutcome::Removed) => {}
@@ -153,7 +172,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             exposure::rescan(ctx, driver, &name, false).await?;
         }
         if still_seen {
-            tracing::debug!(resource = %name, gpu = %uuid, "GPU still visible after the detach");
+            tracing::debug!(gpu = %uuid, "GPU still visible after the detach");
             return Ok((Step::requeue(poll), Some(res)));
         }
     }
@@ -171,12 +190,14 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
     let res = patch::status(
         &api,
         &res,
-        json!({"state": ResourceState::Deleting, "device_id": "", "cdi_device_id": "", "error": ""}),
+        &ResourceStatusPatch::ids("", "")
+            .with_state(ResourceState::Deleting)
+            .with_error(""),
         true,
     )
     .await?;
     ctx.forget_rescan(&name);
-    tracing::info!(resource = %name, node = %node, device = %uuid, "detached");
+    tracing::info!(node = %node, device = %uuid, "detached");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,

@@ -1,5 +1,5 @@
-//! Whether the cluster sees a GPU, and making the node look again (SPEC §4, both
-//! device-exposure modes).
+//! Whether the cluster sees a GPU, and making the node look again, in both
+//! device-exposure modes (docs/node-operations.md, "Making the cluster see a GPU").
 
 use crate::context::Context;
 use crate::error::ReconcileError;

@@ -1,5 +1,5 @@
-//! The ComposableResource controller (SPEC §4): one device from the fabric to Online on
-//! its node, and back.
+//! The ComposableResource controller: one device from the fabric to Online on its node,
+//! and back (docs/node-operations.md for the node side).
 //!
 //! Every reconciliation starts from a fresh read of the object (not the watch cache),
 //! so a provider call is never made on stale ids, and every step can be repeated: a
@@ -20,11 +20,10 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use crate::context::Context;
 use crate::error::ReconcileError;
-use crate::patch;
+use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
 use crate::reconcile::{self, Step};
 
@@ -83,8 +82,9 @@ async fn start(res: ComposableResource, ctx: &Context) -> Outcome {
         let res = patch::status(
             &api,
             &res,
-            json!({"state": ResourceState::Online, "device_id": orphan.device_id,
-                   "cdi_device_id": orphan.cdi_device_id, "error": ""}),
+            &ResourceStatusPatch::ids(&orphan.device_id, &orphan.cdi_device_id)
+                .with_state(ResourceState::Online)
+                .with_error(""),
             true,
         )
         .await?;
@@ -93,7 +93,7 @@ async fn start(res: ComposableResource, ctx: &Context) -> Outcome {
     let res = patch::status(
         &api,
         &res,
-        json!({"state": ResourceState::Attaching, "error": ""}),
+        &ResourceStatusPatch::state(ResourceState::Attaching),
         true,
     )
     .await?;
@@ -138,7 +138,7 @@ async fn collect_garbage(res: ComposableResource, ctx: &Context) -> Outcome {
     let res = patch::status(
         &api,
         &res,
-        json!({"state": ResourceState::Deleting, "error": message}),
+        &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
         false,
     )
     .await?;

@@ -1,10 +1,11 @@
 //! An environment for end-to-end tests: a real API server (kube-harness), the fabric
-//! simulator, the real FTI component in the host runtime, and the operator. The only
-//! stand-in is the node command runner ([`nodes::SimNodes`]).
+//! simulator, the real FTI component in the host runtime, the operator, and simulated
+//! GPU nodes ([`node_sim`]) driven by the fabric simulator's state: a GPU operator (or
+//! host drivers with cro's node agent), device or DRA plugins, and the commands the
+//! operator runs on a node.
 
 #![allow(dead_code)]
 
-pub mod dra;
 pub mod nodes;
 
 use std::collections::BTreeMap;
@@ -21,7 +22,7 @@ use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{Runtime, RuntimeOptions};
 use fabric_sim::{FabricSim, SimConfig};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
@@ -32,7 +33,7 @@ use kube_harness::Harness;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use nodes::SimNodes;
+use nodes::{NodeOptions, NodeSetup, NodeSim, SimNodes};
 
 pub const MODEL: &str = "NVIDIA-A100-PCIE-40GB";
 pub const OPERATOR_NS: &str = "composable-resource-operator-system";
@@ -90,7 +91,10 @@ pub struct Env {
     pub harness: Harness,
     pub client: Client,
     pub sim: FabricSim,
+    /// The operator's command runner on the simulated nodes.
     pub nodes: SimNodes,
+    /// The simulated nodes' cluster side (GPU operator, plugins, node agent).
+    pub node_sim: NodeSim,
     pub provider: Arc<dyn DeviceProvider>,
     pub config: OperatorConfig,
     operator: Option<Running>,
@@ -105,7 +109,17 @@ impl Env {
         Self::start_with(Harness::builder(), FabricApi::Fm).await
     }
 
+    /// The common setup: the GPU operator's container driver and the device plugin.
     pub async fn start_with(builder: kube_harness::HarnessBuilder, api: FabricApi) -> Env {
+        Self::start_setup(builder, api, NodeSetup::gpu_operator()).await
+    }
+
+    /// Nodes set up as `setup` says; the operator is configured for its exposure mode.
+    pub async fn start_setup(
+        builder: kube_harness::HarnessBuilder,
+        api: FabricApi,
+        setup: NodeSetup,
+    ) -> Env {
         init_tracing();
         let builder = match api {
             FabricApi::Fm => builder,
@@ -199,8 +213,16 @@ impl Env {
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
         config.timings = fast_timings();
+        config.namespace = OPERATOR_NS.to_owned();
+        if let nodes::Exposure::Dra(_) = setup.exposure {
+            config.mode = cro_operator::nodeops::ExposureMode::Dra;
+        }
+        let node_sim = NodeSim::start(client.clone(), sim.clone(), setup, OPERATOR_NS)
+            .await
+            .expect("node simulation");
         Env {
-            nodes: SimNodes::new(sim.clone()),
+            nodes: node_sim.runner(),
+            node_sim,
             harness,
             client,
             sim,
@@ -213,12 +235,24 @@ impl Env {
         }
     }
 
-    /// A worker node backed by a simulator machine, with a Running and Ready NVIDIA
-    /// driver pod on it (no kubelet: the test writes the pod's status).
+    /// A worker node backed by a simulator machine, simulated as the setup says (its
+    /// driver pod, if any, comes once it has a GPU). `cpu` is its capacity and
+    /// allocatable CPU.
     pub async fn add_node(&self, name: &str, cpu: &str) -> String {
+        self.add_node_with(name, cpu, cpu, NodeOptions::default())
+            .await
+    }
+
+    /// A worker node whose capacity and allocatable CPU differ, with node options.
+    pub async fn add_node_with(
+        &self,
+        name: &str,
+        capacity_cpu: &str,
+        allocatable_cpu: &str,
+        options: NodeOptions,
+    ) -> String {
         let machine = uuid::Uuid::new_v4().to_string();
         self.sim.add_machine(&machine, name);
-        self.nodes.add_node(name, &machine);
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node: Node = match self.api {
             FabricApi::Fm => serde_json::from_value(json!({
@@ -238,43 +272,29 @@ impl Env {
         }
         .unwrap();
         nodes.create(&PostParams::default(), &node).await.unwrap();
-        let allocatable: BTreeMap<String, Quantity> = [
-            ("cpu", cpu),
-            ("memory", "64Gi"),
-            ("ephemeral-storage", "100Gi"),
-            ("pods", "110"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-        .collect();
+        let quantities = |cpu: &str| -> BTreeMap<String, Quantity> {
+            [
+                ("cpu", cpu),
+                ("memory", "64Gi"),
+                ("ephemeral-storage", "100Gi"),
+                ("pods", "110"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect()
+        };
         nodes
             .patch_status(
                 name,
                 &PatchParams::default(),
                 &Patch::Merge(
-                    json!({"status": {"allocatable": allocatable, "capacity": allocatable}}),
+                    json!({"status": {"allocatable": quantities(allocatable_cpu),
+                    "capacity": quantities(capacity_cpu)}}),
                 ),
             )
             .await
             .unwrap();
-
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), GPU_NS);
-        let pod_name = format!("nvidia-driver-daemonset-{name}");
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
-            "spec": {"nodeName": name, "containers": [{"name": "nvidia-driver-ctr", "image": "nvcr.io/nvidia/driver:550"}]},
-        }))
-        .unwrap();
-        pods.create(&PostParams::default(), &pod).await.unwrap();
-        pods.patch_status(
-            &pod_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True"}]}})),
-        )
-        .await
-        .unwrap();
+        self.node_sim.add_node_with(name, &machine, options);
         machine
     }
 

@@ -1,0 +1,369 @@
+//! The four node setups of real GPU clusters, on simulated nodes (docs/node-operations.md):
+//! the GPU operator's container driver (including a node's first GPU, before its driver
+//! pod exists), a driver on the host reached through cro's node agent, device-plugin
+//! mode with nvidia-smi's quirks, and DRA with both chart namings of the kubelet plugin.
+
+mod common;
+
+use common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup, Quirks};
+use common::{CONVERGE, Env, FabricApi, MODEL, eventually, gpu};
+use cro_api::{ANNOTATION_DELETE_DEVICE, ResourceState};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use serde_json::json;
+
+async fn driver_pods(env: &Env, node: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(env.client.clone(), common::GPU_NS)
+        .list(
+            &ListParams::default()
+                .labels("app.kubernetes.io/component=nvidia-driver")
+                .fields(&format!("spec.nodeName={node}")),
+        )
+        .await
+        .unwrap()
+        .items
+}
+
+/// The error of the (first) ComposableResource of `request`.
+async fn error_of(env: &Env, request: &str) -> String {
+    env.resources_of(request)
+        .await
+        .first()
+        .and_then(|r| r.status.as_ref())
+        .map(|s| s.error.clone())
+        .unwrap_or_default()
+}
+
+/// Waits until the DRA kubelet plugin on `node` has published its first slice (before
+/// any GPU: an empty one).
+async fn wait_first_slice(env: &Env, node: &str) {
+    eventually("the kubelet plugin's first slice", CONVERGE, || async {
+        node_sim::slice_api(&env.client)
+            .get_opt(&node_sim::slice_name(node))
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
+}
+
+/// Device-plugin mode with the GPU operator's driver: a node without a GPU has no
+/// driver pod until its first GPU is attached; the operator attaches first and waits for
+/// the pod afterwards. Detaching stops the driver container's nvidia-persistenced
+/// through its pid file and lives with an nvidia-smi whose drain query and reset do not
+/// work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_operator_driver_first_gpu_and_device_plugin_drain_quirks() {
+    let mut env = Env::start().await;
+    let m1 = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 3);
+    env.start_operator().await;
+
+    let mut spec = gpu(2);
+    spec.target_node = Some("worker-1".into());
+    env.create_request("first", spec.clone()).await;
+    env.wait_running("first", 2).await;
+    assert_eq!(env.gpus_on(&m1).len(), 2);
+    let pods = driver_pods(&env, "worker-1").await;
+    assert_eq!(
+        pods.len(),
+        1,
+        "one driver pod, scheduled once the node had a GPU"
+    );
+    // The fabric attached the first GPU before the driver pod existed.
+    let first_attach = env.sim.requests_to(fabric_sim::Route::FmAttach)[0].at;
+    let first_attach = first_attach
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let created = pods[0]
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .unwrap()
+        .0
+        .as_second();
+    assert!(
+        created >= first_attach,
+        "driver pod at {created}, attach at {first_attach}"
+    );
+    // The device plugin and DCGM were restarted to pick the GPUs up.
+    eventually("device plugin and DCGM restarted", CONVERGE, || async {
+        (env.node_sim
+            .restarts(node_sim::DEVICE_PLUGIN_DS, "worker-1")
+            >= 1
+            && env.node_sim.restarts(node_sim::DCGM_DS, "worker-1") >= 1)
+            .then_some(())
+    })
+    .await;
+    let persistenced = env
+        .nodes
+        .with_node("worker-1", |n| n.persistenced_pid())
+        .unwrap();
+    assert!(
+        persistenced.is_some(),
+        "the driver pod runs nvidia-persistenced"
+    );
+
+    // This nvidia-smi answers the drain query in words of its own and cannot reset.
+    env.nodes.with_node("worker-1", |n| {
+        n.quirks = Quirks {
+            drain_query_reply: Some("Drain state: N/A\n".into()),
+            reset_fails: true,
+        }
+    });
+    spec.size = 0;
+    env.set_request("first", &spec).await;
+    env.wait_running("first", 0).await;
+    eventually("the GPUs back in the pool", CONVERGE, || async {
+        (env.sim.free_devices("gpu", MODEL) == 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.nodes
+            .with_node("worker-1", |n| n.persistenced_pid())
+            .unwrap(),
+        None,
+        "nvidia-persistenced stopped through its pid file"
+    );
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+/// The driver on the host (ClusterPolicy with the driver disabled): commands run in the
+/// node agent under `chroot /host-root`; the driver counts as installed when `modinfo`
+/// finds it, also on a node without a GPU; after the last GPU only nvidia_drm and
+/// nvidia_uvm are unloaded, so the next attach works; a missing node agent DaemonSet is
+/// named in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_driver_through_the_node_agent() {
+    let setup = NodeSetup::new(DriverKind::Host, Exposure::DevicePlugin);
+    let mut env = Env::start_setup(kube_harness::Harness::builder(), FabricApi::Fm, setup).await;
+    let m1 = env.add_node("worker-1", "16").await;
+    let m2 = env
+        .add_node_with(
+            "worker-2",
+            "16",
+            "16",
+            NodeOptions {
+                host_driver_installed: false,
+                ..NodeOptions::default()
+            },
+        )
+        .await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.start_operator().await;
+
+    let mut spec = gpu(1);
+    spec.target_node = Some("worker-1".into());
+    env.create_request("host", spec.clone()).await;
+    env.wait_running("host", 1).await;
+    assert_eq!(env.gpus_on(&m1).len(), 1);
+    assert!(
+        env.nodes
+            .commands()
+            .iter()
+            .any(|(node, c)| node == "worker-1"
+                && c == &["chroot", "/host-root", "modinfo", "nvidia"])
+    );
+
+    // The node's last GPU goes: only nvidia_drm and nvidia_uvm are unloaded.
+    spec.size = 0;
+    env.set_request("host", &spec).await;
+    env.wait_running("host", 0).await;
+    let (modules, unloaded) = env
+        .nodes
+        .with_node("worker-1", |n| (n.modules(), n.unloaded.clone()))
+        .unwrap();
+    assert_eq!(unloaded, vec!["nvidia_drm", "nvidia_uvm"]);
+    assert!(
+        modules.contains(&"nvidia".to_string()) && modules.contains(&"nvidia_modeset".to_string()),
+        "{modules:?}"
+    );
+    // And the next attach works.
+    spec.size = 1;
+    env.set_request("host", &spec).await;
+    env.wait_running("host", 1).await;
+
+    // A node without the driver: a clear error, and no device attached for nothing.
+    let mut bare = gpu(1);
+    bare.target_node = Some("worker-2".into());
+    env.create_request("bare", bare).await;
+    let error = eventually("the missing driver reported", CONVERGE, || async {
+        let e = error_of(&env, "bare").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(
+        error.contains("no nvidia driver found on node worker-2"),
+        "{error}"
+    );
+    assert!(env.gpus_on(&m2).is_empty());
+
+    // Without the node agent DaemonSet the error says to deploy it.
+    Api::<DaemonSet>::namespaced(env.client.clone(), common::OPERATOR_NS)
+        .delete(node_sim::AGENT_DS, &DeleteParams::default())
+        .await
+        .unwrap();
+    let error = eventually("the missing node agent reported", CONVERGE, || async {
+        let e = error_of(&env, "bare").await;
+        e.contains("DaemonSet").then_some(e)
+    })
+    .await;
+    assert!(
+        error.contains(&format!("{}/cro-node-agent", common::OPERATOR_NS))
+            && error.contains("must be deployed"),
+        "{error}"
+    );
+    assert!(env.gpus_on(&m2).is_empty());
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+fn dra_harness() -> kube_harness::HarnessBuilder {
+    kube_harness::Harness::builder()
+        .apiserver_arg("--feature-gates=DRADeviceTaintRules=true")
+        .apiserver_arg("--runtime-config=resource.k8s.io/v1beta2=true")
+}
+
+async fn plugin_pods(env: &Env) -> Vec<Pod> {
+    Api::<Pod>::namespaced(env.client.clone(), node_sim::DRA_NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// DRA mode, later chart naming: Online once the kubelet plugin (restarted, never while
+/// younger than 10 s) publishes the GPU in its slice; only this GPU's work blocks its
+/// detach, and a DeviceTaintRule covers the GPU while it is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_mode_attaches_through_slices_and_taints_while_detaching() {
+    let setup = NodeSetup::new(DriverKind::GpuOperator, Exposure::Dra(DraNaming::Current));
+    let mut env = Env::start_setup(dra_harness(), FabricApi::Fm, setup).await;
+    let m1 = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.start_operator().await;
+    wait_first_slice(&env, "worker-1").await;
+
+    let mut spec = gpu(2);
+    spec.target_node = Some("worker-1".into());
+    env.create_request("dra", spec.clone()).await;
+    env.wait_running("dra", 2).await;
+    assert_eq!(env.gpus_on(&m1).len(), 2);
+    // The new GPUs were initialised with nvidia-smi and the plugin pod was restarted.
+    assert!(
+        env.nodes
+            .commands()
+            .iter()
+            .any(|(node, c)| node == "worker-1" && c == &["nvidia-smi"])
+    );
+    let plugin = "dra-driver-nvidia-gpu-kubelet-plugin";
+    assert!(env.node_sim.restarts(plugin, "worker-1") >= 1);
+    assert!(
+        plugin_pods(&env)
+            .await
+            .iter()
+            .all(|p| p.name_any().starts_with(plugin))
+    );
+
+    // Keep A (busy: in DRA only the detached GPU's own work matters), drop B, whose
+    // device file a process still holds.
+    let resources = env.resources_of("dra").await;
+    let (a, b) = (&resources[0], &resources[1]);
+    let gpu_a = a.device_id().unwrap().to_owned();
+    let gpu_b = b.device_id().unwrap().to_owned();
+    env.nodes.set_busy(&gpu_a, &["python3"]);
+    env.nodes.set_holder(&gpu_b, Some("4242 nv-hostengine"));
+    env.resources()
+        .patch(
+            &b.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION_DELETE_DEVICE: "true"}}})),
+        )
+        .await
+        .unwrap();
+    spec.size = 1;
+    env.set_request("dra", &spec).await;
+
+    let error = eventually("B blocked by the holder", CONVERGE, || async {
+        let r = env.resources().get(&b.name_any()).await.ok()?;
+        let e = r.status.clone()?.error;
+        (r.state() == ResourceState::Detaching && e.contains("4242")).then_some(e)
+    })
+    .await;
+    assert!(error.contains("nv-hostengine"), "{error}");
+    assert!(
+        !error.contains("nvidia-persiste"),
+        "persistenced was stopped: {error}"
+    );
+    // The GPU is tainted meanwhile.
+    let rules: Api<DynamicObject> = Api::all_with(
+        env.client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1beta2", "DeviceTaintRule"),
+            "devicetaintrules",
+        ),
+    );
+    let rule_name = format!("{}-taint", b.name_any());
+    let rule = rules.get(&rule_name).await.unwrap();
+    assert_eq!(rule.data["spec"]["taint"]["key"], "k8s.io/device-uuid");
+    assert_eq!(rule.data["spec"]["taint"]["value"], gpu_b.as_str());
+    assert_eq!(rule.data["spec"]["taint"]["effect"], "NoSchedule");
+    assert_eq!(
+        rule.data["spec"]["deviceSelector"]["driver"],
+        node_sim::DRA_SLICE_DRIVER
+    );
+    assert_eq!(rule.data["spec"]["deviceSelector"]["pool"], "worker-1");
+
+    // The holder exits: B is detached, its taint removed; A stays although busy.
+    env.nodes.set_holder(&gpu_b, None);
+    env.wait_running("dra", 1).await;
+    assert_eq!(env.gpus_on(&m1), vec![gpu_a.clone()]);
+    assert!(rules.get_opt(&rule_name).await.unwrap().is_none());
+    assert_eq!(
+        common::names(&env.resources_of("dra").await),
+        vec![a.name_any()]
+    );
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+/// DRA mode with the v0.2.0-era chart (kubelet plugin pods
+/// `nvidia-dra-driver-gpu-kubelet-plugin-*`), over the Cluster Manager API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_mode_with_the_older_plugin_naming_over_the_cluster_manager() {
+    let setup = NodeSetup::new(DriverKind::GpuOperator, Exposure::Dra(DraNaming::V020));
+    let mut env = Env::start_setup(dra_harness(), FabricApi::Cm, setup).await;
+    let m1 = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 1);
+    env.start_operator().await;
+    wait_first_slice(&env, "worker-1").await;
+
+    env.create_request("old", gpu(1)).await;
+    env.wait_running("old", 1).await;
+    assert_eq!(env.gpus_on(&m1).len(), 1);
+    let plugin = "nvidia-dra-driver-gpu-kubelet-plugin";
+    assert!(env.node_sim.restarts(plugin, "worker-1") >= 1);
+
+    env.set_request("old", &gpu(0)).await;
+    env.wait_running("old", 0).await;
+    eventually("the GPU back in the pool", CONVERGE, || async {
+        (env.sim.free_devices("gpu", MODEL) == 1).then_some(())
+    })
+    .await;
+    // The slice no longer lists it.
+    let slice = node_sim::slice_api(&env.client)
+        .get(&node_sim::slice_name("worker-1"))
+        .await
+        .unwrap();
+    let devices = &slice.data["spec"]["devices"];
+    assert!(devices.as_array().is_none_or(|d| d.is_empty()), "{devices}");
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}

@@ -1,0 +1,456 @@
+//! The Kubernetes side of the simulated nodes, playing the GPU operator, the DaemonSet
+//! controller and the kubelets the test API server lacks: it creates and readies the
+//! pods a real GPU cluster has, restarts them when asked, and publishes what a DRA
+//! kubelet plugin would.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+
+use crate::node::{DriverKind, PodKind};
+use crate::runner::{ExecPod, SimNodes};
+use crate::{DraNaming, Exposure, NodeSetup};
+
+pub const GPU_OPERATOR_NS: &str = "gpu-operator";
+pub const DRA_NS: &str = "nvidia-dra-driver-gpu";
+/// The driver name the NVIDIA DRA kubelet plugin publishes its slices under.
+pub const DRA_SLICE_DRIVER: &str = "gpu.nvidia.com";
+pub const DRIVER_DS: &str = "nvidia-driver-daemonset";
+pub const DEVICE_PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
+pub const DCGM_DS: &str = "nvidia-dcgm";
+pub const AGENT_DS: &str = "cro-node-agent";
+const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
+const FIELD_MANAGER: &str = "node-sim";
+
+/// Pods of one kind of the simulation on one node.
+#[derive(Debug, Clone)]
+struct SimPod {
+    namespace: String,
+    name: String,
+    /// When it started; Ready once `ready_after` has passed since.
+    started: Instant,
+    ready_after: Duration,
+    ready: bool,
+    /// The DaemonSet template restart annotation it was created for.
+    template: String,
+    /// DRA plugin: whether it has published its slice since it started.
+    published: bool,
+}
+
+/// The simulation's own bookkeeping of the pods it runs.
+#[derive(Default)]
+pub(crate) struct Pods {
+    /// (daemonset, node) → its pod there.
+    pods: BTreeMap<(String, String), SimPod>,
+    /// (daemonset, node) → how often its pod there was restarted.
+    pub restarts: BTreeMap<(String, String), usize>,
+}
+
+fn random_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..5].to_owned()
+}
+
+fn pod_object(ds: &str, name: &str, ns: &str, node: &str, labels: Value, container: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+            "ownerReferences": []},
+        "spec": {"nodeName": node, "containers": [{"name": container, "image": format!("sim/{ds}:1")}]},
+    }))
+    .unwrap_or_default()
+}
+
+fn daemonset_object(name: &str, ns: &str, labels: &Value) -> DaemonSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "main", "image": format!("sim/{name}:1")}]}},
+        },
+    }))
+    .unwrap_or_default()
+}
+
+/// What the simulation runs, per DaemonSet.
+#[derive(Debug, Clone)]
+pub(crate) struct DsSpec {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Value,
+    pub container: String,
+    pub pod_prefix: String,
+    pub kind: Option<PodKind>,
+    /// Runs only on nodes that have a GPU (the driver: the GPU operator's node labels).
+    pub needs_gpu: bool,
+    pub ready_after: Duration,
+    /// Publishes a ResourceSlice `slice_after` after it starts.
+    pub dra: bool,
+}
+
+pub(crate) fn daemonsets(setup: &NodeSetup, operator_ns: &str) -> Vec<DsSpec> {
+    let t = &setup.timings;
+    let mut v = Vec::new();
+    let ds = |name: &str, ns: &str, labels: Value, kind, needs_gpu, ready_after, dra| DsSpec {
+        name: name.into(),
+        namespace: ns.into(),
+        labels,
+        container: format!("{name}-ctr"),
+        pod_prefix: name.into(),
+        kind,
+        needs_gpu,
+        ready_after,
+        dra,
+    };
+    match setup.driver {
+        DriverKind::GpuOperator => v.push(ds(
+            DRIVER_DS,
+            GPU_OPERATOR_NS,
+            json!({"app.kubernetes.io/component": "nvidia-driver", "app": DRIVER_DS}),
+            Some(PodKind::Driver),
+            true,
+            t.driver_ready_after,
+            false,
+        )),
+        DriverKind::Host => {
+            if setup.agent_daemonset {
+                v.push(ds(
+                    AGENT_DS,
+                    operator_ns,
+                    json!({"app": AGENT_DS}),
+                    Some(PodKind::Agent),
+                    false,
+                    t.pod_ready_after,
+                    false,
+                ));
+            }
+        }
+    }
+    match setup.exposure {
+        Exposure::DevicePlugin => {
+            for name in [DEVICE_PLUGIN_DS, DCGM_DS] {
+                v.push(ds(
+                    name,
+                    GPU_OPERATOR_NS,
+                    json!({"app": name}),
+                    None,
+                    false,
+                    t.pod_ready_after,
+                    false,
+                ));
+            }
+        }
+        Exposure::Dra(naming) => {
+            let (prefix, label) = match naming {
+                DraNaming::V020 => (
+                    "nvidia-dra-driver-gpu-kubelet-plugin",
+                    "nvidia-dra-driver-gpu",
+                ),
+                DraNaming::Current => (
+                    "dra-driver-nvidia-gpu-kubelet-plugin",
+                    "dra-driver-nvidia-gpu",
+                ),
+            };
+            v.push(ds(
+                prefix,
+                DRA_NS,
+                json!({"app.kubernetes.io/name": label}),
+                None,
+                false,
+                t.pod_ready_after,
+                true,
+            ));
+        }
+    }
+    v
+}
+
+/// Creates what a GPU cluster has before any node: namespaces, the ClusterPolicy and
+/// the DaemonSets.
+pub(crate) async fn install(
+    client: &kube::Client,
+    setup: &NodeSetup,
+    operator_ns: &str,
+) -> Result<(), kube::Error> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in [GPU_OPERATOR_NS, DRA_NS, operator_ns] {
+        if namespaces.get_opt(ns).await?.is_none() {
+            let obj = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match namespaces.create(&PostParams::default(), &obj).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if let Some(enabled) = setup.cluster_policy_driver() {
+        install_cluster_policy(client, enabled).await?;
+    }
+    for spec in daemonsets(setup, operator_ns) {
+        let api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
+        api.create(
+            &PostParams::default(),
+            &daemonset_object(&spec.name, &spec.namespace, &spec.labels),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn install_cluster_policy(
+    client: &kube::Client,
+    driver_enabled: bool,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusterpolicies.nvidia.com"},
+        "spec": {"group": "nvidia.com", "scope": "Cluster",
+            "names": {"kind": "ClusterPolicy", "plural": "clusterpolicies", "singular": "clusterpolicy", "listKind": "ClusterPolicyList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap_or_default();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
+    );
+    let mut policy = DynamicObject::new(
+        "cluster-policy",
+        &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
+    );
+    policy.data = json!({"spec": {"driver": {"enabled": driver_enabled}}});
+    // The CRD takes a moment to be served.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.create(&PostParams::default(), &policy).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// One round of the simulation over every node.
+pub(crate) async fn round(
+    client: &kube::Client,
+    nodes: &SimNodes,
+    pods: &mut Pods,
+    setup: &NodeSetup,
+    operator_ns: &str,
+) -> Result<(), kube::Error> {
+    let names: Vec<String> = nodes.lock().nodes.keys().cloned().collect();
+    let node_objects: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for spec in daemonsets(setup, operator_ns) {
+        let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
+        let pod_api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+        let Some(ds) = ds_api.get_opt(&spec.name).await? else {
+            continue;
+        };
+        let template = ds
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(RESTARTED_AT))
+            .cloned()
+            .unwrap_or_default();
+        let mut desired = 0;
+        let mut ready = 0;
+        let mut updated = 0;
+        for node in &names {
+            let key = (spec.name.clone(), node.clone());
+            if node_objects.get_opt(node).await?.is_none() {
+                // The node is gone: so are its pods.
+                if let Some(p) = pods.pods.remove(&key) {
+                    forget(nodes, &p);
+                }
+                continue;
+            }
+            // Node feature discovery labels a node once a NVIDIA PCI device is on it.
+            let has_gpu = nodes.has_gpu(node);
+            if spec.needs_gpu && !has_gpu && !pods.pods.contains_key(&key) {
+                continue;
+            }
+            desired += 1;
+            // A pod the operator deleted (or whose template changed) is replaced, as
+            // the kubelet and the DaemonSet controller would.
+            if let Some(existing) = pods.pods.get(&key).cloned() {
+                let live = pod_api.get_opt(&existing.name).await?;
+                let deleted = live
+                    .as_ref()
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+                if deleted || existing.template != template {
+                    let _ = pod_api
+                        .delete(&existing.name, &DeleteParams::default().grace_period(0))
+                        .await;
+                    pods.pods.remove(&key);
+                    forget(nodes, &existing);
+                    *pods.restarts.entry(key.clone()).or_default() += 1;
+                }
+            }
+            if !pods.pods.contains_key(&key) {
+                let name = format!("{}-{}", spec.pod_prefix, random_suffix());
+                let pod = pod_object(
+                    &spec.name,
+                    &name,
+                    &spec.namespace,
+                    node,
+                    spec.labels.clone(),
+                    &spec.container,
+                );
+                pod_api.create(&PostParams::default(), &pod).await?;
+                // Running but not Ready: the container starts, its probe has not passed.
+                set_pod_status(&pod_api, &name, false).await?;
+                pods.pods.insert(
+                    key.clone(),
+                    SimPod {
+                        namespace: spec.namespace.clone(),
+                        name: name.clone(),
+                        started: Instant::now(),
+                        ready_after: spec.ready_after,
+                        ready: false,
+                        template: template.clone(),
+                        published: false,
+                    },
+                );
+                if let Some(kind) = spec.kind {
+                    nodes.lock().pods.insert(
+                        (spec.namespace.clone(), name),
+                        ExecPod {
+                            kind,
+                            node: node.clone(),
+                            ready: false,
+                        },
+                    );
+                }
+            }
+            let Some(pod) = pods.pods.get_mut(&key) else {
+                continue;
+            };
+            updated += 1;
+            if !pod.ready && pod.started.elapsed() >= pod.ready_after {
+                set_pod_status(&pod_api, &pod.name, true).await?;
+                pod.ready = true;
+                let mut w = nodes.lock();
+                if let Some(p) = w.pods.get_mut(&(pod.namespace.clone(), pod.name.clone())) {
+                    p.ready = true;
+                }
+                if spec.kind == Some(PodKind::Driver)
+                    && let Some(n) = w.nodes.get_mut(node)
+                {
+                    // The driver container starts the persistence daemon.
+                    n.start_persistenced();
+                }
+            }
+            if pod.ready {
+                ready += 1;
+            }
+            if spec.dra
+                && pod.ready
+                && !pod.published
+                && pod.started.elapsed() >= pod.ready_after + setup.timings.slice_after_ready
+            {
+                // The plugin lists the node's GPUs once, when it starts: a GPU that
+                // comes or goes later is seen only after a restart.
+                let gpus = nodes.listed_gpus(node);
+                publish_slice(client, node, &gpus).await?;
+                pod.published = true;
+            }
+        }
+        let status = json!({"status": {
+            "desiredNumberScheduled": desired, "currentNumberScheduled": desired,
+            "numberReady": ready, "updatedNumberScheduled": updated,
+            "numberAvailable": ready, "numberMisscheduled": 0,
+        }});
+        ds_api
+            .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+    }
+    Ok(())
+}
+
+fn forget(nodes: &SimNodes, pod: &SimPod) {
+    nodes
+        .lock()
+        .pods
+        .remove(&(pod.namespace.clone(), pod.name.clone()));
+}
+
+async fn set_pod_status(api: &Api<Pod>, name: &str, ready: bool) -> Result<(), kube::Error> {
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({"status": {"phase": "Running",
+        "conditions": [{"type": "Ready", "status": status}, {"type": "ContainersReady", "status": status}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+pub fn slice_api(client: &kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"),
+    )
+}
+
+pub fn slice_name(node: &str) -> String {
+    format!("{node}-{DRA_SLICE_DRIVER}")
+}
+
+async fn publish_slice(
+    client: &kube::Client,
+    node: &str,
+    gpus: &[crate::node::Gpu],
+) -> Result<(), kube::Error> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let mut obj = DynamicObject::new(
+        &slice_name(node),
+        &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"),
+    );
+    let devices: Vec<Value> = gpus
+        .iter()
+        .map(|g| {
+            json!({"name": format!("gpu-{}", g.minor), "attributes": {
+            "uuid": {"string": g.uuid}, "type": {"string": "gpu"},
+            "pciBusID": {"string": g.bus_smi()}}})
+        })
+        .collect();
+    obj.data = json!({"spec": {
+        "driver": DRA_SLICE_DRIVER,
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+    }});
+    slice_api(client)
+        .patch(
+            &slice_name(node),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .map(|_| ())
+}
