@@ -66,12 +66,21 @@ pub trait DeviceProvider: Send + Sync + 'static {
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
         None
     }
+
+    /// Warnings and errors the provider logged so far, where it keeps count.
+    fn warnings(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
 impl DeviceProvider for cro_runtime::Provider {
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
         Some(cro_runtime::Provider::denials(self))
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        Some(cro_runtime::Provider::warnings(self))
     }
 
     fn add_resource<'a>(

@@ -53,6 +53,8 @@ impl Operator {
         let metrics = Arc::new(Metrics::new());
         let counted = provider.clone();
         metrics.watch_denials(move || counted.denials());
+        let counted = provider.clone();
+        metrics.watch_provider_warnings(move || counted.warnings());
         Self {
             client,
             provider,

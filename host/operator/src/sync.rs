@@ -120,8 +120,20 @@ pub async fn sync_once(
         ctx.config.timings.orphan_grace,
     );
     ctx.metrics.set_orphans(tracker.tracked());
+    let awaiting = crate::resource::awaiting_adoption(&resources);
     let mut released = 0;
     for device in due {
+        let key = (
+            device.node.clone(),
+            device.device_type,
+            device.model.clone(),
+        );
+        if awaiting.contains(&key) {
+            // An attach whose reply was lost may adopt it (resource/adopt.rs).
+            tracing::info!(device = %device.device_id, node = %device.node,
+                "unclaimed device left for an attach that may adopt it");
+            continue;
+        }
         if device.node.is_empty() {
             tracing::warn!(device = %device.device_id, machine = %device.machine_id,
                 "orphaned device on a machine without a node: left alone");

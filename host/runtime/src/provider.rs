@@ -136,6 +136,14 @@ impl Provider {
         self.inner.shared.gate.denials()
     }
 
+    /// Warnings and errors the provider logged so far (for metrics).
+    pub fn warnings(&self) -> u64 {
+        self.inner
+            .shared
+            .warnings
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Attaches a device of the resource's type and model to its target node.
     pub async fn add_resource(
         &self,

@@ -296,6 +296,7 @@ impl Runtime {
             state: StateStore::new(state_bytes, self.inner.clock.clone()),
             http,
             cluster,
+            warnings: Default::default(),
         });
         tracing::info!(
             provider = %spec.name,

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod dra;
+pub mod fti;
 pub mod nodes;
 
 use std::collections::BTreeMap;

@@ -36,6 +36,8 @@ pub(crate) struct ProviderShared {
     pub(crate) state: state::StateStore,
     pub(crate) http: http::HttpEgress,
     pub(crate) cluster: Arc<dyn ClusterReader>,
+    /// Warnings and errors the provider logged (for metrics: e.g. a node it skipped).
+    pub(crate) warnings: std::sync::atomic::AtomicU64,
 }
 
 /// The store data of one call.
@@ -243,6 +245,11 @@ impl log::Host for CallCtx {
         }
         let provider = self.shared.name.as_str();
         let message = truncate(&message);
+        if matches!(level, log::Level::Warn | log::Level::Error) {
+            self.shared
+                .warnings
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match level {
             log::Level::Trace => tracing::trace!(target: "cro_provider", provider, "{message}"),
             log::Level::Debug => tracing::debug!(target: "cro_provider", provider, "{message}"),
