@@ -13,6 +13,12 @@
 //! request in its own memory, which lives as long as this process: the record names
 //! the process, so after a restart the next attempt looks first as well.
 //!
+//! The record is written only when its value changes (it carries no timestamp): every
+//! write is a watch event that reconciles the resource again at once, so a record
+//! toggled on each retry would defeat the retry backoff. It therefore stays "unknown"
+//! after a failed call, even one that certainly attached nothing; the next attempt then
+//! looks first, which costs one device listing and finds nothing.
+//!
 //! See docs/differences-fabric.md (the Go operator asked the fabric again).
 
 use std::collections::{BTreeSet, HashSet};
@@ -54,16 +60,13 @@ pub enum Known {
 pub struct Attempt {
     pub process: String,
     pub outcome: Known,
-    /// When it was recorded (RFC 3339), for people reading the object.
-    pub at: String,
 }
 
 impl Attempt {
-    fn now(outcome: Known) -> Attempt {
+    fn here(outcome: Known) -> Attempt {
         Attempt {
             process: PROCESS.clone(),
             outcome,
-            at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         }
     }
 }
@@ -74,7 +77,6 @@ pub fn recorded(res: &ComposableResource) -> Option<Attempt> {
     Some(serde_json::from_str(raw).unwrap_or_else(|_| Attempt {
         process: String::new(),
         outcome: Known::Unknown,
-        at: String::new(),
     }))
 }
 
@@ -83,27 +85,6 @@ pub fn must_look_first(attempt: Option<&Attempt>, process: &str) -> bool {
     match attempt {
         None => false,
         Some(a) => a.outcome == Known::Unknown || a.process != process,
-    }
-}
-
-/// Whether a failed call certainly attached nothing: the provider (or the fabric) gave
-/// a definite answer. Lost replies, deadlines, traps and garbled replies are not.
-pub fn attached_nothing(e: &CallError) -> bool {
-    match e {
-        CallError::Provider(p) => matches!(
-            p,
-            ProviderError::Fabric(_)
-                | ProviderError::NotFound(_)
-                | ProviderError::Denied(_)
-                | ProviderError::Config(_)
-                | ProviderError::NoCapacity(_)
-                // A device the fabric reports critical is not taken (as the Go operator
-                // did); the upstream sync releases it.
-                | ProviderError::Critical(_)
-                | ProviderError::Warning(_)
-        ),
-        CallError::Instantiate(_) => true,
-        CallError::Trap { .. } | CallError::Timeout(_) | CallError::OutOfMemory { .. } => false,
     }
 }
 
@@ -158,17 +139,22 @@ fn claimed_ids(resources: &[ComposableResource]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Sets (or with `None` removes) the record, unless it already says exactly that.
 async fn write(
     api: &Api<ComposableResource>,
     res: &mut ComposableResource,
     attempt: Option<&Attempt>,
 ) -> Result<(), ReconcileError> {
-    let value = match attempt {
-        Some(a) => serde_json::Value::String(
-            serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?,
-        ),
-        None => serde_json::Value::Null,
+    let text = match attempt {
+        Some(a) => {
+            Some(serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?)
+        }
+        None => None,
     };
+    if res.annotations().get(ANNOTATION_ATTACH_ATTEMPT) == text.as_ref() {
+        return Ok(());
+    }
+    let value = text.map_or(serde_json::Value::Null, serde_json::Value::String);
     let patch = json!({"metadata": {"annotations": {ANNOTATION_ATTACH_ATTEMPT: value}}});
     let params = kube::api::PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -208,15 +194,16 @@ pub async fn add(
             return Ok(Ok(AddOutcome::Attached(device)));
         }
     }
-    if attempt.as_ref().is_none_or(|a| a.outcome != Known::Unknown) {
-        write(&api, res, Some(&Attempt::now(Known::Unknown))).await?;
+    // Recorded before the call: if this process dies during it, the next one looks
+    // first. A request this process's provider tracks ("in progress") needs no new one.
+    let tracked = Attempt::here(Known::InProgress);
+    if attempt.as_ref() != Some(&tracked) {
+        write(&api, res, Some(&Attempt::here(Known::Unknown))).await?;
     }
 
     let result = ctx.provider.add(guard, &to_domain(res)).await;
     match &result {
-        Ok(AddOutcome::InProgress(_)) => {
-            write(&api, res, Some(&Attempt::now(Known::InProgress))).await?;
-        }
+        Ok(AddOutcome::InProgress(_)) => write(&api, res, Some(&tracked)).await?,
         Ok(AddOutcome::Attached(device)) => {
             // A device some other resource holds (a provider tracking its own requests
             // can hand out one adopted meanwhile) is not taken twice: the record stays
@@ -236,8 +223,8 @@ pub async fn add(
                 )))));
             }
         }
-        Err(e) if attached_nothing(e) => write(&api, res, None).await?,
-        Err(_) => {}
+        // Whatever the failure, the next attempt looks first (see the module comment).
+        Err(_) => write(&api, res, Some(&Attempt::here(Known::Unknown))).await?,
     }
     Ok(result)
 }
@@ -285,7 +272,6 @@ mod tests {
         let at = |process: &str, outcome| Attempt {
             process: process.into(),
             outcome,
-            at: String::new(),
         };
         assert!(!must_look_first(None, "p1"));
         assert!(must_look_first(Some(&at("p1", Known::Unknown)), "p1"));
@@ -315,27 +301,6 @@ mod tests {
     }
 
     #[test]
-    fn only_definite_answers_mean_nothing_was_attached() {
-        let p = |e| CallError::Provider(e);
-        assert!(attached_nothing(&p(ProviderError::NoCapacity("x".into()))));
-        assert!(attached_nothing(&p(ProviderError::Config("x".into()))));
-        assert!(!attached_nothing(&p(ProviderError::Unavailable(
-            "x".into()
-        ))));
-        assert!(!attached_nothing(&p(ProviderError::MalformedReply(
-            "x".into()
-        ))));
-        assert!(!attached_nothing(&p(ProviderError::Other("x".into()))));
-        assert!(!attached_nothing(&CallError::Timeout(
-            std::time::Duration::from_secs(1)
-        )));
-        assert!(!attached_nothing(&CallError::Trap {
-            message: "x".into(),
-            stderr: String::new()
-        }));
-    }
-
-    #[test]
     fn an_unreadable_record_counts_as_unknown() {
         let mut r = ComposableResource::new(
             "gpu-1",
@@ -350,7 +315,7 @@ mod tests {
         r.annotations_mut()
             .insert(ANNOTATION_ATTACH_ATTEMPT.into(), "garbage".into());
         assert_eq!(recorded(&r).map(|a| a.outcome), Some(Known::Unknown));
-        let a = Attempt::now(Known::InProgress);
+        let a = Attempt::here(Known::InProgress);
         r.annotations_mut().insert(
             ANNOTATION_ATTACH_ATTEMPT.into(),
             serde_json::to_string(&a).unwrap(),
