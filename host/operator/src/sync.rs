@@ -1,4 +1,5 @@
-//! Upstream sync (SPEC §5): devices the fabric has attached to the cluster's machines
+//! Upstream sync (the orphan release of the Go operator; docs/fti-fabric-api.md says what
+//! a listing holds): devices the fabric has attached to the cluster's machines
 //! that no ComposableResource holds are tracked, and after a grace period released
 //! through a ready-to-detach ComposableResource.
 

@@ -300,6 +300,46 @@ mod tests {
         assert_eq!(pick(&devices, &all, &wanted()), None);
     }
 
+    fn resource(name: &str, record: bool, device: Option<&str>) -> ComposableResource {
+        let mut r = ComposableResource::new(
+            name,
+            cro_api::ComposableResourceSpec {
+                resource_type: cro_api::ResourceType::Gpu,
+                model: "A100".into(),
+                target_node: "n1".into(),
+                force_detach: false,
+            },
+        );
+        if record {
+            r.annotations_mut()
+                .insert(ANNOTATION_ATTACH_ATTEMPT.into(), "{}".into());
+        }
+        if let Some(id) = device {
+            r.status = Some(cro_api::ComposableResourceStatus {
+                device_id: id.into(),
+                ..Default::default()
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn only_attempts_without_a_device_await_adoption() {
+        let mut deleting = resource("c", true, None);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let list = [
+            resource("a", true, Some("GPU-1")),
+            resource("b", false, None),
+            deleting,
+        ];
+        assert!(awaiting_adoption(&list).is_empty());
+        let waiting = awaiting_adoption(&[resource("d", true, None)]);
+        assert!(waiting.contains(&("n1".to_string(), DeviceType::Gpu, "A100".to_string())));
+    }
+
     #[test]
     fn an_unreadable_record_counts_as_unknown() {
         let mut r = ComposableResource::new(
