@@ -8,6 +8,7 @@
 //! deployment keeps working without a provider spec file.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use cro_runtime::grants::{
     CaPem, Grants, HttpGrant, HttpTarget, Limits, LookupGrant, ProviderSpec, SecretGrant, WasiGrant,
@@ -24,6 +25,13 @@ pub const CREDENTIAL_KEYS: [&str; 5] = [
 ];
 /// Where the container image puts the shipped FTI component; `CRO_FTI_COMPONENT` overrides.
 pub const DEFAULT_FTI_COMPONENT: &str = "/opt/cro/providers/fti_provider.wasm";
+/// How long the Go operator's HTTP client waited for one fabric request: a slow but
+/// working fabric manager answers within it, so each request here gets as long.
+pub const GO_REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
+/// The deadline of one provider call in the Go environment: one fabric request of up to
+/// [`GO_REQUEST_TIMEOUT`] plus the token and machine reads around it (an attach or a
+/// detach makes up to three requests). `CRO_FTI_CALL_TIMEOUT` overrides it.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(240);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompatError {
@@ -39,6 +47,8 @@ pub enum CompatError {
     BadEndpoint { endpoint: String, why: String },
     #[error("CRO_FTI_CA_FILE {path}: {why}")]
     BadCaFile { path: String, why: String },
+    #[error("CRO_FTI_CALL_TIMEOUT {value:?}: {why}")]
+    BadCallTimeout { value: String, why: String },
     #[error("the provider spec built from the environment is invalid: {0}")]
     Invalid(String),
 }
@@ -108,10 +118,35 @@ pub fn fti_spec_from_env(
         // The token cache compares the JWT's exp with the wall clock.
         wasi: WasiGrant { clocks: true },
     };
-    spec.limits = Limits::default();
+    let call_timeout = match get("CRO_FTI_CALL_TIMEOUT") {
+        None => DEFAULT_CALL_TIMEOUT,
+        Some(v) => call_timeout(&v)?,
+    };
+    spec.limits = Limits {
+        call_timeout_ms: u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX),
+        ..Limits::default()
+    };
+    // Each fabric request may take as long as the Go operator allowed, within the call.
+    let request = GO_REQUEST_TIMEOUT.min(call_timeout);
+    spec.config
+        .insert("timeout_ms".into(), request.as_millis().to_string());
     spec.validate()
         .map_err(|e| CompatError::Invalid(e.to_string()))?;
     Ok(Some(spec))
+}
+
+/// A duration (`300s`, `5m`, ...) within what the runtime accepts for a call.
+fn call_timeout(value: &str) -> Result<Duration, CompatError> {
+    let bad = |why: String| CompatError::BadCallTimeout {
+        value: value.to_owned(),
+        why,
+    };
+    let d = crate::config::parse_duration(value).map_err(|e| bad(e.to_string()))?;
+    let max = Duration::from_millis(Limits::MAX_CALL_TIMEOUT_MS);
+    if d.is_zero() || d > max {
+        return Err(bad(format!("must be more than 0 and at most {max:?}")));
+    }
+    Ok(d)
 }
 
 /// `fabric.example:8443/` (the Go form, https implied) or a full URL → `scheme://host:port`.
@@ -195,6 +230,38 @@ mod tests {
         );
         assert!(spec.grants.wasi.clocks);
         assert_eq!(spec.component, PathBuf::from(DEFAULT_FTI_COMPONENT));
+    }
+
+    #[test]
+    fn a_slow_fabric_gets_at_least_the_go_operators_time() {
+        let spec = fti_spec_from_env(env(FM)).unwrap().unwrap();
+        // The Go operator waited 180 s for one fabric request; the call around it needs
+        // time for the token and machine reads as well.
+        assert!(spec.limits.call_timeout() > GO_REQUEST_TIMEOUT);
+        assert_eq!(spec.config["timeout_ms"], "180000");
+
+        let mut vars = FM.to_vec();
+        vars.push(("CRO_FTI_CALL_TIMEOUT", "7m"));
+        let spec = fti_spec_from_env(env(&vars)).unwrap().unwrap();
+        assert_eq!(spec.limits.call_timeout(), Duration::from_secs(420));
+        assert_eq!(spec.config["timeout_ms"], "180000");
+        // A shorter call deadline bounds each request too.
+        vars.pop();
+        vars.push(("CRO_FTI_CALL_TIMEOUT", "20s"));
+        let spec = fti_spec_from_env(env(&vars)).unwrap().unwrap();
+        assert_eq!(spec.limits.call_timeout(), Duration::from_secs(20));
+        assert_eq!(spec.config["timeout_ms"], "20000");
+        for bad in ["0s", "11m", "soon"] {
+            vars.pop();
+            vars.push(("CRO_FTI_CALL_TIMEOUT", bad));
+            assert!(
+                matches!(
+                    fti_spec_from_env(env(&vars)),
+                    Err(CompatError::BadCallTimeout { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

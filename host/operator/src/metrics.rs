@@ -133,8 +133,9 @@ impl Collector for BudgetCollector {
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
-    // 1 ms .. ~65 s: node commands and fabric calls span that range.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    // 1 ms .. ~262 s: node commands and fabric calls span that range (a slow fabric
+    // may take the 180 s the Go operator allowed one request).
+    Histogram::new(exponential_buckets(0.001, 2.0, 19))
 }
 
 pub struct Metrics {
@@ -148,6 +149,7 @@ pub struct Metrics {
     admission_denials: Family<DenialLabels, Counter>,
     orphans_tracked: Gauge,
     orphans_released: Counter,
+    attach_adoptions: Counter,
     leader: Gauge,
 }
 
@@ -216,6 +218,12 @@ impl Metrics {
             "Ready-to-detach ComposableResources created for orphaned devices",
             orphans_released.clone(),
         );
+        let attach_adoptions = Counter::default();
+        registry.register(
+            "attach_adoptions",
+            "Devices adopted by an attach whose earlier reply was lost, instead of asking the fabric again",
+            attach_adoptions.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -233,6 +241,7 @@ impl Metrics {
             admission_denials,
             orphans_tracked,
             orphans_released,
+            attach_adoptions,
             leader,
         }
     }
@@ -298,6 +307,10 @@ impl Metrics {
         self.orphans_released.inc();
     }
 
+    pub fn attach_adopted(&self) {
+        self.attach_adoptions.inc();
+    }
+
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
     }
@@ -322,6 +335,18 @@ impl Metrics {
             .register_collector(Box::new(BudgetCollector(Arc::new(source))));
     }
 
+    /// Exports how many warnings the provider logged (`source` reads its count), e.g. a
+    /// node the FTI provider left out of a device listing (docs/fti-fabric-api.md).
+    pub fn watch_provider_warnings(
+        &self,
+        source: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) {
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .register_collector(Box::new(WarningCollector(Arc::new(source))));
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -335,9 +360,45 @@ impl Metrics {
     }
 }
 
+/// The provider's count of logged warnings, read at scrape time.
+struct WarningCollector(Arc<dyn Fn() -> Option<u64> + Send + Sync>);
+
+impl std::fmt::Debug for WarningCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WarningCollector")
+    }
+}
+
+impl Collector for WarningCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(n) = (self.0)() else {
+            return Ok(());
+        };
+        let metric = encoder.encode_descriptor(
+            "provider_warnings",
+            "Warnings and errors the provider logged (e.g. a node left out of a device listing)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(n).encode(metric)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_warnings_are_read_at_scrape_time() {
+        let m = Metrics::new();
+        let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let source = n.clone();
+        m.watch_provider_warnings(move || Some(source.load(std::sync::atomic::Ordering::SeqCst)));
+        assert!(m.encode().contains("cro_provider_warnings_total 0"));
+        n.store(2, std::sync::atomic::Ordering::SeqCst);
+        let text = m.encode();
+        assert!(text.contains("cro_provider_warnings_total 2"), "{text}");
+    }
 
     #[test]
     fn capability_denials_are_read_at_scrape_time() {

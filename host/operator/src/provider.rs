@@ -72,6 +72,11 @@ pub trait DeviceProvider: Send + Sync + 'static {
     fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
         None
     }
+
+    /// Warnings and errors the provider logged so far, where it keeps count.
+    fn warnings(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
@@ -86,6 +91,10 @@ impl DeviceProvider for cro_runtime::Provider {
             self.name().to_owned(),
             counts.into_iter().map(|(b, n)| (b.as_str(), n)).collect(),
         ))
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        Some(cro_runtime::Provider::warnings(self))
     }
 
     fn add_resource<'a>(

@@ -55,6 +55,8 @@ impl Operator {
         metrics.watch_denials(move || counted.denials());
         let budgeted = provider.clone();
         metrics.watch_budgets(move || budgeted.budgets());
+        let counted = provider.clone();
+        metrics.watch_provider_warnings(move || counted.warnings());
         Self {
             client,
             provider,

@@ -1,9 +1,10 @@
-//! Upstream sync (docs/differences-from-go.md, "Upstream sync"): GPUs the fabric has
-//! attached to the cluster's machines that no ComposableResource holds are tracked, and
-//! after a grace period released through a ready-to-detach ComposableResource. CXL
-//! memory is left alone unless `release_orphan_cxl_memory` is set: the Go operator
-//! released only GPUs, and memory attached outside the operator may be in use by the
-//! host without any workload the operator could see.
+//! Upstream sync (docs/behaviour.md §5; docs/differences-from-go.md, "Upstream sync";
+//! docs/fti-fabric-api.md says what a listing holds): GPUs the fabric has attached to the
+//! cluster's machines that no ComposableResource holds are tracked, and after a grace
+//! period released through a ready-to-detach ComposableResource. CXL memory is left
+//! alone unless `release_orphan_cxl_memory` is set: the Go operator released only GPUs,
+//! and memory attached outside the operator may be in use by the host without any
+//! workload the operator could see.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -132,8 +133,20 @@ pub async fn sync_once(
         ctx.config.timings.orphan_grace,
     );
     ctx.metrics.set_orphans(tracker.tracked());
+    let awaiting = crate::resource::awaiting_adoption(&resources);
     let mut released = 0;
     for device in due {
+        let key = (
+            device.node.clone(),
+            device.device_type,
+            device.model.clone(),
+        );
+        if awaiting.contains(&key) {
+            // An attach whose reply was lost may adopt it (resource/adopt.rs).
+            tracing::info!(device = %device.device_id, node = %device.node,
+                "unclaimed device left for an attach that may adopt it");
+            continue;
+        }
         if device.node.is_empty() {
             tracing::warn!(device = %device.device_id, machine = %device.machine_id,
                 "orphaned device on a machine without a node: left alone");

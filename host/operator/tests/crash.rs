@@ -1,6 +1,8 @@
 //! The operator is killed at seeded points of attach and detach (right after a provider
-//! call or a node command took effect, before its result is used) and started again.
-//! In the end the cluster and the simulator agree: no device leaked, none held twice.
+//! call or a node command took effect, before its result is used) and started again,
+//! while the fabric loses replies after acting (dropped, or held past the call's
+//! deadline). In the end the cluster and the simulator agree: no device leaked, none
+//! held twice.
 
 mod common;
 
@@ -12,6 +14,7 @@ use std::time::Duration;
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
 use cro_operator::provider::{DeviceProvider, ProviderResult};
 use cro_runtime::domain::{AddOutcome, ComposableResource, DeviceInfo, RemoveOutcome};
+use fabric_sim::{Fault, Route};
 use futures::future::BoxFuture;
 use kube::api::DeleteParams;
 use tokio::sync::Notify;
@@ -152,8 +155,9 @@ async fn killed_at_seeded_points_the_operator_converges_without_leaks_or_doubles
     // A device attached by a call whose result was lost is released by the upstream sync.
     env.config.timings.orphan_grace = Duration::from_secs(2);
     let switch = Arc::new(KillSwitch::default());
+    // A short call deadline, so that a reply held by the fabric outlives the call.
     env.provider = Arc::new(Tripwire {
-        inner: env.provider.clone(),
+        inner: common::fti::with_call_timeout(&env, "2s").await,
         switch: switch.clone(),
     });
     {
@@ -185,6 +189,23 @@ async fn killed_at_seeded_points_the_operator_converges_without_leaks_or_doubles
             _ => ("", 1 + rng.below(12) as usize),
         };
         switch.arm(only, at);
+        // Mixed in: the fabric acts and the reply is lost, on an attach or a detach.
+        env.sim.clear_faults();
+        let route = if rng.below(2) == 0 {
+            Route::FmAttach
+        } else {
+            Route::FmDetach
+        };
+        match rng.below(3) {
+            0 => {
+                env.sim.inject(Fault::DropAfterProcessing.on(route));
+            }
+            1 => {
+                env.sim
+                    .inject(Fault::StallAfterProcessing(Duration::from_secs(3)).on(route));
+            }
+            _ => {}
+        }
         env.start_operator().await;
         let converged = async {
             env.wait_running("chaos", size as usize).await;
@@ -203,8 +224,9 @@ async fn killed_at_seeded_points_the_operator_converges_without_leaks_or_doubles
         round += 1;
     }
 
-    // Started once more without kills, everything converges and agrees.
+    // Started once more without kills or faults, everything converges and agrees.
     switch.disarm();
+    env.sim.clear_faults();
     env.start_operator().await;
     let final_size = sizes[(round - 1) % sizes.len()] as usize;
     env.wait_running("chaos", final_size).await;

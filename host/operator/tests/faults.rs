@@ -1,18 +1,25 @@
 //! Errors reach the user and clear again: fabric errors, unhealthy devices, busy GPUs
-//! (which block a detach unless force_detach), and a trapping provider call that fails
-//! only its own resource.
+//! (which block a detach unless force_detach), a trapping provider call that fails
+//! only its own resource, an empty pool (no capacity), and attach replies lost after
+//! the fabric acted (which cost no second device).
 
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use common::{CONVERGE, Env, MODEL, eventually, gpu};
+use common::{CONVERGE, Env, FabricApi, MODEL, eventually, gpu};
 use cro_api::{
     ComposabilityRequest, ComposableResource, RequestState, ResourceState, ResourceType,
 };
+use cro_operator::provider::{DeviceProvider, ProviderResult};
+use cro_runtime::CallError;
 use cro_runtime::cluster::KubeCluster;
+use cro_runtime::domain::{self, AddOutcome, DeviceInfo, RemoveOutcome};
 use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
 use fabric_sim::{Fault, Route};
+use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -270,5 +277,192 @@ async fn a_trapping_provider_call_fails_only_its_own_resource() {
         env.request("bad").await.unwrap().state(),
         RequestState::Running
     );
+    env.stop_operator().await.unwrap();
+}
+
+/// The real provider, except that the n-th attach call traps after it has done its
+/// work (its HTTP requests reached the fabric), as a provider bug after the call would.
+struct TrapAfterEffect {
+    inner: Arc<dyn DeviceProvider>,
+    calls: AtomicUsize,
+    trap_on: usize,
+}
+
+impl DeviceProvider for TrapAfterEffect {
+    fn add_resource<'a>(
+        &'a self,
+        r: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(async move {
+            let out = self.inner.add_resource(r).await;
+            if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.trap_on {
+                return Err(CallError::Trap {
+                    message: "wasm trap: unreachable executed".into(),
+                    stderr: String::new(),
+                });
+            }
+            out
+        })
+    }
+
+    fn remove_resource<'a>(
+        &'a self,
+        r: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+        self.inner.remove_resource(r)
+    }
+
+    fn check_resource<'a>(
+        &'a self,
+        r: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>> {
+        self.inner.check_resource(r)
+    }
+
+    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+        self.inner.get_resources()
+    }
+}
+
+/// Attach replies are lost three ways (the connection drops after the fabric acted;
+/// the fabric acts but answers after the call's deadline; the provider traps after its
+/// request): every resource still ends with exactly one device and the pool loses none.
+async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
+    const DEVICES: usize = 6;
+    let mut env = Env::start_with(kube_harness::Harness::builder(), api).await;
+    let machine = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, DEVICES);
+    let route = match api {
+        FabricApi::Fm => Route::FmAttach,
+        FabricApi::Cm => Route::CmResize,
+    };
+    env.sim.inject(Fault::DropAfterProcessing.on(route));
+    env.sim
+        .inject(Fault::StallAfterProcessing(Duration::from_secs(6)).on(route));
+    env.provider = Arc::new(TrapAfterEffect {
+        inner: common::fti::with_call_timeout(&env, "3s").await,
+        calls: AtomicUsize::new(0),
+        trap_on: 3,
+    });
+    env.start_operator().await;
+    env.create_request("lossy", gpu(3)).await;
+    env.wait_running("lossy", 3).await;
+
+    let mut held: Vec<String> = env
+        .resources_of("lossy")
+        .await
+        .iter()
+        .map(|r| r.device_id().expect("a device id").to_owned())
+        .collect();
+    held.sort();
+    held.dedup();
+    assert_eq!(
+        held.len(),
+        3,
+        "each resource holds its own device: {held:?}"
+    );
+    assert_eq!(
+        env.gpus_on(&machine),
+        held,
+        "the fabric attached no extra device"
+    );
+    assert_eq!(env.sim.free_devices("gpu", MODEL), DEVICES - 3);
+    // Each lost reply was answered by adoption, not by asking the fabric again.
+    assert_eq!(env.sim.requests_to(route).len(), 3);
+    let metrics = env.metrics.as_ref().unwrap().encode();
+    let adopted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cro_attach_adoptions_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(adopted >= 1, "{metrics}");
+    if api == FabricApi::Fm {
+        assert_eq!(adopted, 3, "{metrics}");
+    }
+    // No record of an attempt is left on a resource holding its device.
+    eventually("the attempt records dropped", CONVERGE, || async {
+        env.resources_of("lossy")
+            .await
+            .iter()
+            .all(|r| {
+                !r.annotations()
+                    .contains_key(cro_operator::resource::ANNOTATION_ATTACH_ATTEMPT)
+            })
+            .then_some(())
+    })
+    .await;
+
+    env.requests()
+        .delete("lossy", &Default::default())
+        .await
+        .unwrap();
+    eventually("every device back in the pool", CONVERGE, || async {
+        (env.request("lossy").await.is_none() && env.sim.free_devices("gpu", MODEL) == DEVICES)
+            .then_some(())
+    })
+    .await;
+    assert!(env.gpus_on(&machine).is_empty());
+    env.stop_operator().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_attach_replies_cost_no_second_device_fm() {
+    lost_attach_replies_cost_no_second_device(FabricApi::Fm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_attach_replies_cost_no_second_device_cm() {
+    lost_attach_replies_cost_no_second_device(FabricApi::Cm).await;
+}
+
+/// An empty pool is the typed no-capacity error in the status and the metrics, not a
+/// generic fabric error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_free_device_is_reported_as_no_capacity() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.start_operator().await;
+    env.create_request("hungry", gpu(1)).await;
+    let error = eventually("the no-capacity error", CONVERGE, || async {
+        let r = env.resources_of("hungry").await.into_iter().next()?;
+        let e = resource_error(&r);
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(error.contains("no capacity"), "{error}");
+    let metrics = env.metrics.as_ref().unwrap().encode();
+    assert!(
+        metrics.contains(
+            "cro_provider_calls_total{operation=\"add_resource\",outcome=\"no_capacity\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("outcome=\"fabric\""), "{metrics}");
+    // Devices arrive in the pool: the retry attaches one.
+    env.sim.add_free_devices("gpu", MODEL, 1);
+    env.wait_running("hungry", 1).await;
+    env.stop_operator().await.unwrap();
+}
+
+/// A slow but working fabric (slower than the runtime's default deadline of 30 s,
+/// within the 180 s the Go operator allowed) is waited for: one request, one device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_fabric_is_waited_for_in_the_go_environment() {
+    let mut env = Env::start().await;
+    let machine = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.sim
+        .inject(Fault::Latency(Duration::from_secs(35)).on(Route::FmAttach));
+    env.start_operator().await;
+    env.create_request("patient", gpu(1)).await;
+    let req = eventually("patient Running with 1 device", CONVERGE, || async {
+        let r = env.request("patient").await?;
+        (r.status.as_ref()?.state == RequestState::Running).then_some(r)
+    })
+    .await;
+    assert_eq!(req.status.unwrap().resources.len(), 1);
+    assert_eq!(env.sim.requests_to(Route::FmAttach).len(), 1);
+    assert_eq!(env.gpus_on(&machine).len(), 1);
+    assert_eq!(env.sim.free_devices("gpu", MODEL), 1);
     env.stop_operator().await.unwrap();
 }

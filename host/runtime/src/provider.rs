@@ -179,6 +179,11 @@ impl Provider {
         }
     }
 
+    /// Warnings and errors the provider logged so far (for metrics).
+    pub fn warnings(&self) -> u64 {
+        self.inner.caps.log.warnings()
+    }
+
     /// Attaches a device of the resource's type and model to its target node.
     pub async fn add_resource(
         &self,

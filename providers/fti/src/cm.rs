@@ -161,6 +161,13 @@ struct PendingAdd {
     machine: String,
     spec_uuid: String,
     baseline: BTreeSet<String>,
+    /// The spec's device count before the request.
+    #[serde(default)]
+    count_before: u64,
+    /// The request's reply was lost (timeout, dropped connection): the fabric may or may
+    /// not have taken it. A request that left no trace is sent again.
+    #[serde(default)]
+    unsure: bool,
 }
 
 /// A removal request sent and not yet done.
@@ -290,6 +297,19 @@ pub fn add<H: Host + ?Sized>(
     let pending = load::<PendingAdd>(host, &add_key(r))
         .filter(|p| p.machine == machine && p.spec_uuid == spec_uuid);
     if let Some(p) = pending {
+        let new_devices = spec
+            .devices
+            .iter()
+            .any(|d| d.id().is_some_and(|id| !p.baseline.contains(id)));
+        if p.unsure && !new_devices && spec.current_count() <= p.count_before {
+            // The lost request left no trace on the fabric: ask again below.
+            host.state_remove(&add_key(r));
+            host.log(
+                LogLevel::Info,
+                &format!("the unanswered resize of spec {spec_uuid} on machine {machine} left no trace; asking again"),
+            );
+            return ask(f, r, machine, spec, spec_uuid, waiting);
+        }
         let mine = |d: &&Device| {
             d.id().is_some_and(|id| {
                 !p.baseline.contains(id) && claimant(host, id).is_none_or(|owner| owner == r.name)
@@ -321,6 +341,20 @@ pub fn add<H: Host + ?Sized>(
         return Ok(waiting());
     }
 
+    ask(f, r, machine, spec, spec_uuid, waiting)
+}
+
+/// Asks the cluster manager for one more device of `spec`, remembering first what the
+/// spec held, so that the new device is recognised (and a lost reply costs no second one).
+fn ask<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    r: &ComposableResource,
+    machine: &str,
+    spec: &ResSpec,
+    spec_uuid: &str,
+    waiting: impl Fn() -> AddOutcome,
+) -> Result<AddOutcome, ProviderError> {
+    let host = f.host();
     let baseline: BTreeSet<String> = spec
         .devices
         .iter()
@@ -337,27 +371,45 @@ pub fn add<H: Host + ?Sized>(
             r.model
         )));
     }
-    // Remember before asking: a lost reply must not lead to a second request.
-    store(
-        host,
-        &add_key(r),
-        &PendingAdd {
-            machine: machine.to_string(),
-            spec_uuid: spec_uuid.to_string(),
-            baseline,
-        },
-        PENDING_ADD_TTL_MS,
-    )?;
+    // Remember before asking, as unsure until the fabric answers: a lost reply (or a
+    // call ended by its deadline mid-request) must not lead to a second request, and a
+    // request that never arrived must not be waited for (docs/fti-fabric-api.md).
+    let mut pending = PendingAdd {
+        machine: machine.to_string(),
+        spec_uuid: spec_uuid.to_string(),
+        baseline,
+        count_before: spec.current_count(),
+        unsure: true,
+    };
+    store(host, &add_key(r), &pending, PENDING_ADD_TTL_MS)?;
     let body = json!({"increase_resource_count": {"spec_uuid": spec_uuid, "device_count": target}});
     if let Err(e) = resize(f, machine, body) {
-        host.state_remove(&add_key(r));
+        if !outcome_unknown(&e) {
+            // The fabric answered with a refusal: nothing was added.
+            host.state_remove(&add_key(r));
+        }
         return Err(e);
+    }
+    pending.unsure = false;
+    if let Err(e) = store(host, &add_key(r), &pending, PENDING_ADD_TTL_MS) {
+        host.log(
+            LogLevel::Warn,
+            &format!("{e}; the attach stays marked unsure"),
+        );
     }
     host.log(
         LogLevel::Info,
         &format!("asked the cluster manager for {target} devices of spec {spec_uuid} on machine {machine}"),
     );
     Ok(waiting())
+}
+
+/// A failure after which the fabric may have acted: no answer came back.
+fn outcome_unknown(e: &ProviderError) -> bool {
+    matches!(
+        e,
+        ProviderError::Unavailable(_) | ProviderError::MalformedReply(_)
+    )
 }
 
 pub fn remove<H: Host + ?Sized>(

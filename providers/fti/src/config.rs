@@ -7,7 +7,8 @@
 //! | `tenant_id` | the fabric tenant; required |
 //! | `cluster_id` | the CM cluster; required for CM; when set, nodes are resolved through the OpenShift/Metal3 annotation chain |
 //! | `username_key`, `password_key`, `client_id_key`, `client_secret_key`, `realm_key` | names of the keys of the granted Secret holding the credentials; default `username`, `password`, `client_id`, `client_secret`, `realm` |
-//! | `timeout_ms` | per-request timeout asked of the host (optional; the host caps it by the call's deadline) |
+//! | `timeout_ms` | per-request timeout asked of the host (optional; the host caps it by the call's deadline, which is what bounds a slow fabric) |
+//! | `no_capacity_codes` | comma-separated fabric error codes that mean "no free device", besides the built-in `insufficient_resources` and `E0409` (optional) |
 
 use crate::host::Host;
 use crate::model::ProviderError;
@@ -39,6 +40,8 @@ pub struct Config {
     pub cluster_id: Option<String>,
     pub secret_keys: SecretKeys,
     pub timeout_ms: Option<u32>,
+    /// Extra error codes read as "no free device" (`no-capacity`).
+    pub no_capacity_codes: Vec<String>,
 }
 
 impl Config {
@@ -87,7 +90,17 @@ impl Config {
                 ))
             })?),
         };
+        let no_capacity_codes = get("no_capacity_codes")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Config {
+            no_capacity_codes,
             api_type,
             base_url,
             tenant_id,

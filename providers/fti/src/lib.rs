@@ -96,7 +96,11 @@ impl<H: Host> Fti<H> {
     }
 
     /// Every device the fabric has attached to the machines of the cluster's nodes.
-    /// Nodes that are not fabric machines are skipped.
+    /// Nodes that are not fabric machines are skipped. So is, with a warning, a node
+    /// whose machine lookup fails or whose machine the fabric does not know (404): one
+    /// such node must not hide the devices of all the others (docs/fti-fabric-api.md).
+    /// Refused grants, rejected credentials and fabric failures (5xx, unreachable) still
+    /// fail the listing: they would hide every node's devices alike.
     pub fn get_resources(&self) -> Result<Vec<DeviceInfo>, ProviderError> {
         let cfg = Config::load(&self.host)?;
         let f = Fabric::new(&self.host, &cfg);
@@ -111,22 +115,58 @@ impl<H: Host> Fti<H> {
             let (node, machine) = machine::of_listed_node(&self.host, &cfg, json)?;
             let machine = match machine {
                 Ok(m) => m,
-                Err(MachineError::NotOnFabric(why))
-                | Err(MachineError::Lookup(ProviderError::NotFound(why))) => {
+                Err(MachineError::NotOnFabric(why)) => {
                     self.host.log(
                         LogLevel::Debug,
                         &format!("node {node} is not on the fabric: {why}"),
                     );
                     continue;
                 }
+                Err(MachineError::Lookup(e)) if skippable_lookup(&e) => {
+                    self.skipped(&node, &format!("its machine lookup failed: {e}"));
+                    continue;
+                }
                 Err(MachineError::Lookup(e)) => return Err(e),
             };
             let devices = match cfg.api_type {
-                ApiType::Fm => fm::devices(&f, &node, &machine)?,
-                ApiType::Cm => cm::devices(&f, &node, &machine)?,
+                ApiType::Fm => fm::devices(&f, &node, &machine),
+                ApiType::Cm => cm::devices(&f, &node, &machine),
             };
-            out.extend(devices);
+            match devices {
+                Ok(devices) => out.extend(devices),
+                Err(e) if unknown_machine(&e) => {
+                    self.skipped(
+                        &node,
+                        &format!("the fabric does not know its machine {machine}: {e}"),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }
+
+    fn skipped(&self, node: &str, why: &str) {
+        self.host.log(
+            LogLevel::Warn,
+            &format!("{SKIPPED_NODE_LOG_PREFIX} {node}: {why}"),
+        );
+    }
+}
+
+/// How the warning about a node left out of a device listing begins.
+pub const SKIPPED_NODE_LOG_PREFIX: &str = "device listing skips node";
+
+/// A lookup failure of one node's machine chain (a missing or unreadable Machine or
+/// BareMetalHost); a refused grant is not one node's problem and fails the listing.
+fn skippable_lookup(e: &ProviderError) -> bool {
+    matches!(e, ProviderError::NotFound(_) | ProviderError::Other(_))
+}
+
+/// The fabric answered that it does not know the machine.
+fn unknown_machine(e: &ProviderError) -> bool {
+    matches!(
+        e,
+        ProviderError::NotFound(_) | ProviderError::Fabric { status: 404, .. }
+    )
 }

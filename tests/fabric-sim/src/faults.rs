@@ -30,6 +30,10 @@ pub enum Fault {
     Drop,
     /// Do the request (state changes), then close the connection without a reply.
     DropAfterProcessing,
+    /// Act, then drop the reply late: do the request (state changes), hold the reply
+    /// for this long, then close the connection without it. A client whose deadline is
+    /// shorter gives up first, like against a fabric that acted but answered too slowly.
+    StallAfterProcessing(Duration),
     /// Token endpoint: issue tokens whose `exp` is already in the past.
     ExpiredTokens,
     /// Token endpoint: reject the credentials with 401 `invalid_grant`.
@@ -87,6 +91,7 @@ impl Fault {
                 | Fault::MalformedJson
                 | Fault::Drop
                 | Fault::DropAfterProcessing
+                | Fault::StallAfterProcessing(_)
         )
     }
 }

@@ -2,7 +2,7 @@
 //! demo and vendors.
 //!
 //! It serves, over real HTTP and HTTPS on 127.0.0.1, the three APIs of
-//! `shared/FABRIC_API.md`: the identity manager (Keycloak-style token endpoint issuing
+//! `docs/fti-fabric-api.md`: the identity manager (Keycloak-style token endpoint issuing
 //! HS256 JWTs), the Fabric Manager (FM: get / attach / detach on a machine) and the
 //! Cluster Manager (CM: machine view with `resspecs` and an asynchronous resize). It
 //! holds machines, the devices attached to them and a free pool per (type, model);

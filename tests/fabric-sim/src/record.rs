@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-/// The simulated API calls (FABRIC_API.md), used to filter faults and records.
+/// The simulated API calls (docs/fti-fabric-api.md), used to filter faults and records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Route {
     /// `POST id_manager/realms/<realm>/protocol/openid-connect/token`

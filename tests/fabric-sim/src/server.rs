@@ -179,6 +179,10 @@ async fn handle(
     };
     match plan.action {
         Some(Fault::DropAfterProcessing) => Err(DropConnection),
+        Some(Fault::StallAfterProcessing(hold)) => {
+            tokio::time::sleep(hold).await;
+            Err(DropConnection)
+        }
         Some(Fault::MalformedJson) => Ok(truncate_body(resp).await),
         _ => Ok(resp),
     }

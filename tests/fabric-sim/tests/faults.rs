@@ -178,6 +178,42 @@ async fn drop_after_processing_loses_the_reply_but_not_the_change() {
 }
 
 #[tokio::test]
+async fn stall_after_processing_acts_then_holds_the_reply_past_the_client_deadline() {
+    let sim = start(SimConfig::default());
+    sim.add_free_devices("gpu", MODEL, 1);
+    let api = Api::new(&sim).await;
+    sim.inject(Fault::StallAfterProcessing(Duration::from_secs(3)).on(Route::FmAttach));
+    let started = Instant::now();
+    let err = api
+        .http
+        .patch(fm_update_url(&sim, M1))
+        .bearer_auth(&api.token)
+        .timeout(Duration::from_millis(500))
+        .json(&attach_body(&sim, M1, MODEL))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    // The fabric acted although the client never heard of it.
+    assert_eq!(sim.machine_devices(M1).len(), 1);
+    assert_eq!(sim.free_devices("gpu", MODEL), 0);
+    // A patient client gets no reply either: the connection is closed after the hold.
+    sim.add_free_devices("gpu", MODEL, 1);
+    sim.inject(Fault::StallAfterProcessing(Duration::from_millis(300)).on(Route::FmAttach));
+    let err = api
+        .http
+        .patch(fm_update_url(&sim, M1))
+        .bearer_auth(&api.token)
+        .json(&attach_body(&sim, M1, MODEL))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(!err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert_eq!(sim.machine_devices(M1).len(), 2);
+}
+
+#[tokio::test]
 async fn scopes_routes_and_clearing() {
     let sim = start(SimConfig::default());
     let api = Api::new(&sim).await;

@@ -287,6 +287,18 @@ impl Fixture {
         machine
     }
 
+    /// A Node whose `spec.providerID` names a machine the simulator does not know;
+    /// returns that machine.
+    pub fn add_node_of_unknown_machine(&self, node: &str) -> String {
+        let machine = uuid_like(node);
+        self.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node},
+            "spec": {"providerID": format!("fsas-cdi://{machine}")},
+        }));
+        machine
+    }
+
     /// A Node that is not a fabric machine.
     pub fn add_plain_node(&self, node: &str) {
         self.insert(json!({

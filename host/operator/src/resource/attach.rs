@@ -6,12 +6,12 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::{Outcome, exposure};
+use super::{Outcome, adopt, exposure};
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::nodeops::{Discovery, driver};
 use crate::patch::{self, ResourceStatusPatch};
-use crate::provider::{Operation, to_domain};
+use crate::provider::Operation;
 use crate::reconcile::Step;
 
 pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome {
@@ -42,7 +42,8 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
     if res.device_id().is_none() {
         // Held until the ids are stored: a detach on this node meanwhile must see them.
         let guard = ctx.provider.lock_node(&node).await;
-        match ctx.provider.add(&guard, &to_domain(&res)).await {
+        // Adopts the device of an earlier attach whose reply was lost, or asks the fabric.
+        match adopt::add(ctx, &guard, &mut res).await? {
             Ok(AddOutcome::InProgress(what)) => {
                 tracing::info!(node = %node, what = %what, "attach in progress");
                 return Ok((Step::requeue(poll), Some(res)));
@@ -53,6 +54,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
+                adopt::settled(&api, &mut res).await;
                 tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
                 ctx.event(

@@ -5,6 +5,7 @@
 //! so a provider call is never made on stale ids, and every step can be repeated: a
 //! crash anywhere is finished by the next reconciliation.
 
+mod adopt;
 mod attach;
 mod detach;
 mod exposure;
@@ -26,6 +27,8 @@ use crate::error::ReconcileError;
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
 use crate::reconcile::{self, Step};
+
+pub use adopt::{ANNOTATION_ATTACH_ATTEMPT, awaiting_adoption};
 
 pub const CONTROLLER: &str = "composableresource";
 

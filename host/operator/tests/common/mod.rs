@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod fti;
 pub mod nodes;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@
 //!   `limits.log_bytes_per_minute` bytes; past either, lines are dropped (and counted)
 //!   until the minute is over, so many well-behaved calls cannot flood the log either.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -30,6 +31,9 @@ pub(crate) struct Log {
     lines_per_call: u64,
     bytes_per_call: u64,
     minute: Mutex<MinuteWindow>,
+    /// Warnings and errors the provider logged (for metrics: e.g. a node it skipped),
+    /// counted even when the minute's budget drops the line itself.
+    warnings: AtomicU64,
 }
 
 impl Log {
@@ -50,7 +54,13 @@ impl Log {
                 limits.log_bytes_per_minute,
                 Instant::now(),
             )),
+            warnings: AtomicU64::new(0),
         }
+    }
+
+    /// Warnings and errors logged so far.
+    pub(crate) fn warnings(&self) -> u64 {
+        self.warnings.load(Ordering::Relaxed)
     }
 }
 
@@ -92,6 +102,9 @@ impl wit::Host for LogCall {
         if let Some((budget, limit)) = over {
             shared.counters.hit(budget);
             return Err(wasmtime::Error::new(BudgetExceeded { budget, limit }));
+        }
+        if matches!(level, wit::Level::Warn | wit::Level::Error) {
+            shared.warnings.fetch_add(1, Ordering::Relaxed);
         }
         let admit = shared
             .minute

@@ -491,3 +491,141 @@ fn a_spec_at_its_maximum_is_no_capacity_without_a_request() {
     ));
     assert_eq!(posts(&h), 0);
 }
+
+#[test]
+fn get_resources_skips_a_node_whose_machine_lookup_fails() {
+    let h = host();
+    machine(&h, 1, vec![cm_dev("GPU-1", "u1", "ADD_COMPLETE", "0")]);
+    // n2's Machine cannot be read (the API server timed out on it).
+    h.add_openshift_node("n2", "22222222-0000-4000-8000-000000000002");
+    h.object_lookup_errors.borrow_mut().insert(
+        "n2-m".into(),
+        fti_provider::LookupError::Other("timeout".into()),
+    );
+    let got = Fti::new(&h).get_resources().unwrap();
+    assert_eq!(
+        got.iter().map(|d| d.device_id.as_str()).collect::<Vec<_>>(),
+        ["GPU-1"]
+    );
+    assert!(h.logged(
+        fti_provider::LogLevel::Warn,
+        &format!("{} n2", fti_provider::SKIPPED_NODE_LOG_PREFIX)
+    ));
+    // The fabric does not know n2's machine: skipped as well.
+    let m2 = "22222222-0000-4000-8000-000000000002";
+    h.object_lookup_errors.borrow_mut().clear();
+    h.reply(
+        Method::Get,
+        &BASE_PATH.replace(MACHINE, m2),
+        json_reply(
+            404,
+            r#"{"status":404,"detail":{"code":"E0404","message":"no machine"}}"#,
+        ),
+    );
+    assert_eq!(Fti::new(&h).get_resources().unwrap().len(), 1);
+    // A refused grant is not one node's problem.
+    h.object_lookup_errors.borrow_mut().insert(
+        "n2-bmh".into(),
+        fti_provider::LookupError::Denied("bmh".into()),
+    );
+    assert!(matches!(
+        Fti::new(&h).get_resources(),
+        Err(ProviderError::Denied(_))
+    ));
+}
+
+#[test]
+fn no_free_device_on_resize_is_no_capacity() {
+    let h = host();
+    machine(&h, 0, vec![]);
+    h.reply(
+        Method::Post,
+        &resize_path(),
+        json_reply(409, r#"{"error":"insufficient_resources"}"#),
+    );
+    assert!(matches!(
+        Fti::new(&h).add_resource(&gpu("r1", "n1")),
+        Err(ProviderError::NoCapacity(_))
+    ));
+}
+
+#[test]
+fn a_lost_resize_reply_never_asks_for_a_second_device() {
+    let h = host();
+    let fti = Fti::new(&h);
+    let r = gpu("r1", "n1");
+    machine(&h, 0, vec![]);
+    // The connection drops after the request went out: the fabric took it.
+    h.reply(
+        Method::Post,
+        &resize_path(),
+        Err(fti_provider::HttpError::Other(
+            "connection closed before message completed".into(),
+        )),
+    );
+    assert!(matches!(
+        fti.add_resource(&r),
+        Err(ProviderError::Unavailable(_))
+    ));
+    machine(
+        &h,
+        1,
+        vec![cm_dev("GPU-new", "u-new", "ADD_IN_PROGRESS", "0")],
+    );
+    h.reply(Method::Post, &resize_path(), json_reply(202, "{}"));
+    assert!(matches!(
+        fti.add_resource(&r),
+        Ok(AddOutcome::InProgress(_))
+    ));
+    machine(&h, 1, vec![cm_dev("GPU-new", "u-new", "ADD_COMPLETE", "0")]);
+    assert_eq!(
+        fti.add_resource(&r).unwrap(),
+        AddOutcome::Attached(AttachedDevice {
+            device_id: "GPU-new".into(),
+            fabric_device_id: "u-new".into()
+        })
+    );
+    assert_eq!(posts(&h), 1);
+}
+
+#[test]
+fn a_lost_resize_that_left_no_trace_is_sent_again() {
+    let h = host();
+    let fti = Fti::new(&h);
+    let r = gpu("r1", "n1");
+    machine(&h, 0, vec![]);
+    h.reply(
+        Method::Post,
+        &resize_path(),
+        Err(fti_provider::HttpError::Timeout),
+    );
+    assert!(matches!(
+        fti.add_resource(&r),
+        Err(ProviderError::Unavailable(_))
+    ));
+    // The fabric shows nothing of it: asked again at once.
+    h.reply(Method::Post, &resize_path(), json_reply(202, "{}"));
+    assert!(matches!(
+        fti.add_resource(&r),
+        Ok(AddOutcome::InProgress(_))
+    ));
+    assert_eq!(posts(&h), 2);
+    // Answered this time: a slow fabric showing nothing yet is waited for.
+    assert!(matches!(
+        fti.add_resource(&r),
+        Ok(AddOutcome::InProgress(_))
+    ));
+    assert_eq!(posts(&h), 2);
+    // A refusal forgets the request.
+    let r2 = gpu("r2", "n1");
+    h.reply(
+        Method::Post,
+        &resize_path(),
+        json_reply(400, r#"{"error":"bad_count"}"#),
+    );
+    assert!(matches!(
+        fti.add_resource(&r2),
+        Err(ProviderError::Fabric { status: 400, .. })
+    ));
+    assert!(!h.state.borrow().contains_key("fti/cm/add/r2"));
+}

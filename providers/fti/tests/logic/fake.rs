@@ -60,6 +60,8 @@ pub struct FakeHost {
     pub secrets: RefCell<BTreeMap<String, Result<String, SecretError>>>,
     pub nodes: RefCell<BTreeMap<String, String>>,
     pub node_lookup_error: RefCell<Option<LookupError>>,
+    /// Object name -> the error its lookup returns.
+    pub object_lookup_errors: RefCell<BTreeMap<String, LookupError>>,
     /// (api version, kind, namespace, name) -> JSON.
     pub objects: RefCell<BTreeMap<(String, String, String, String), String>>,
     pub state: RefCell<BTreeMap<String, Vec<u8>>>,
@@ -99,6 +101,7 @@ impl FakeHost {
             secrets: RefCell::new(secrets),
             nodes: RefCell::default(),
             node_lookup_error: RefCell::default(),
+            object_lookup_errors: RefCell::default(),
             objects: RefCell::default(),
             state: RefCell::default(),
             state_refuses: Cell::new(false),
@@ -284,6 +287,9 @@ impl Host for FakeHost {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<String, LookupError> {
+        if let Some(e) = self.object_lookup_errors.borrow().get(name).cloned() {
+            return Err(e);
+        }
         self.objects
             .borrow()
             .get(&(

@@ -442,3 +442,108 @@ fn get_resources_propagates_fabric_and_grant_errors() {
         Err(ProviderError::Denied(_))
     ));
 }
+
+#[test]
+fn get_resources_skips_a_machine_the_fabric_does_not_know() {
+    let h = host();
+    let m2 = "22222222-0000-4000-8000-000000000002";
+    h.add_node("n2", Some(&format!("fsas-cdi://{m2}")));
+    h.reply_json(
+        Method::Get,
+        FM_MACHINE_PATH,
+        200,
+        &fm_machine(MACHINE, vec![fm_res("GPU-1", "u1", "gpu", MODEL, "0")]),
+    );
+    // n2's machine: 404 in the FTI error shape.
+    h.reply(
+        Method::Get,
+        &format!("fabric_manager/api/v1/machines/{m2}"),
+        json_reply(404, r#"{"error":"machine_not_found"}"#),
+    );
+    let got = Fti::new(&h).get_resources().unwrap();
+    assert_eq!(
+        got.iter().map(|d| d.device_id.as_str()).collect::<Vec<_>>(),
+        ["GPU-1"]
+    );
+    assert!(h.logged(
+        LogLevel::Warn,
+        &format!("{} n2", fti_provider::SKIPPED_NODE_LOG_PREFIX)
+    ));
+
+    // A machine reply listing no machine is the same as a 404.
+    h.reply_json(
+        Method::Get,
+        &format!("fabric_manager/api/v1/machines/{m2}"),
+        200,
+        &json!({"data": {"machines": []}}),
+    );
+    assert_eq!(Fti::new(&h).get_resources().unwrap().len(), 1);
+}
+
+#[test]
+fn get_resources_still_fails_on_rejected_credentials_and_server_errors() {
+    for (status, body) in [
+        (401, r#"{"error":"invalid_token"}"#),
+        (
+            403,
+            r#"{"status":403,"detail":{"code":"E0403","message":"tenant"}}"#,
+        ),
+        (500, r#"{"error":"internal"}"#),
+        (503, "Service Unavailable"),
+    ] {
+        let h = host();
+        let m2 = "22222222-0000-4000-8000-000000000002";
+        h.add_node("n2", Some(&format!("fsas-cdi://{m2}")));
+        h.reply_json(
+            Method::Get,
+            FM_MACHINE_PATH,
+            200,
+            &fm_machine(MACHINE, vec![fm_res("GPU-1", "u1", "gpu", MODEL, "0")]),
+        );
+        h.reply(
+            Method::Get,
+            &format!("fabric_manager/api/v1/machines/{m2}"),
+            json_reply(status, body),
+        );
+        assert!(
+            matches!(
+                Fti::new(&h).get_resources(),
+                Err(ProviderError::Fabric { status: s, .. }) if s == status
+            ),
+            "{status}"
+        );
+    }
+}
+
+#[test]
+fn vendor_error_bodies_keep_their_code_and_no_free_device_is_no_capacity() {
+    let h = host();
+    h.reply(
+        Method::Patch,
+        UPDATE,
+        json_reply(400, r#"{"error":"invalid_res_spec"}"#),
+    );
+    assert!(matches!(
+        add(&h),
+        Err(ProviderError::Fabric { status: 400, ref code, .. }) if code == "invalid_res_spec"
+    ));
+    h.reply(
+        Method::Patch,
+        UPDATE,
+        json_reply(409, r#"{"error":"insufficient_resources"}"#),
+    );
+    assert!(
+        matches!(add(&h), Err(ProviderError::NoCapacity(ref m)) if m.contains("insufficient_resources"))
+    );
+    // A deployment with its own code for it, configured.
+    h.set_config("no_capacity_codes", " E7001 , E7002");
+    h.reply(
+        Method::Patch,
+        UPDATE,
+        json_reply(
+            409,
+            r#"{"status":409,"detail":{"code":"E7002","message":"pool empty"}}"#,
+        ),
+    );
+    assert!(matches!(add(&h), Err(ProviderError::NoCapacity(ref m)) if m.contains("pool empty")));
+}

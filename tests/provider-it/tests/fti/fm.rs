@@ -153,6 +153,31 @@ async fn get_resources_lists_what_the_simulator_holds_across_nodes() {
 }
 
 #[tokio::test]
+async fn get_resources_skips_a_machine_the_fabric_does_not_know() {
+    let fx = fm().await;
+    let m0 = fx.add_provider_id_node("worker-0");
+    let a = fx.sim.attach_directly(&m0, "gpu", MODEL).unwrap();
+    // A node whose providerID names a machine the fabric has never heard of (404).
+    fx.add_node_of_unknown_machine("worker-1");
+
+    let warnings = fx.provider.warnings();
+    let got = fx.provider.get_resources().await.unwrap();
+    assert_eq!(
+        got.iter().map(|d| d.device_id.as_str()).collect::<Vec<_>>(),
+        [a.serial.as_str()]
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmGetMachine).len(), 2);
+    // The skip is a warning the operator counts (cro_provider_warnings_total).
+    assert_eq!(fx.provider.warnings(), warnings + 1);
+
+    // A server error still fails the listing: it would hide every node's devices.
+    fx.sim
+        .inject(Fault::error(503, "E0503", "maintenance").on(Route::FmGetMachine));
+    let e = fabric_error(fx.provider.get_resources().await);
+    assert_eq!((e.status, e.code.as_str()), (503, "E0503"));
+}
+
+#[tokio::test]
 async fn each_injected_fault_gives_a_typed_error() {
     let fx = Fixture::builder(Api::Fm)
         .with_config("timeout_ms", "1000")
@@ -182,10 +207,33 @@ async fn each_injected_fault_gives_a_typed_error() {
         json!({"reason": "db", "retry": true})
     );
 
+    // No free device is the typed no-capacity error, in the simulator's shape and in
+    // the `{"error": "<code>"}` shape FTI deployments use.
     fx.sim.inject(Fault::NoFreeDevice.on(Route::FmAttach));
+    assert!(
+        matches!(provider_error(add().await), ProviderError::NoCapacity(m)
+            if m.contains("no free resource") && m.contains(codes::NO_FREE_DEVICE))
+    );
+    fx.sim.inject(
+        Fault::Reply {
+            status: 409,
+            body: r#"{"error": "insufficient_resources"}"#.into(),
+        }
+        .on(Route::FmAttach),
+    );
+    assert!(matches!(
+        provider_error(add().await),
+        ProviderError::NoCapacity(_)
+    ));
+    fx.sim.inject(
+        Fault::Reply {
+            status: 400,
+            body: r#"{"error": "invalid_machine_state"}"#.into(),
+        }
+        .on(Route::FmAttach),
+    );
     let e = fabric_error(add().await);
-    assert_eq!((e.status, e.code.as_str()), (409, codes::NO_FREE_DEVICE));
-    assert!(e.message.contains("no free resource"), "{}", e.message);
+    assert_eq!((e.status, e.code.as_str()), (400, "invalid_machine_state"));
 
     fx.sim.inject(Fault::MalformedJson.on(Route::FmAttach));
     assert!(matches!(
