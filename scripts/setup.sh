@@ -49,6 +49,12 @@ if ! command -v go >/dev/null; then
   fi
 fi
 
+# helm and kustomize for the deployment tests (deploy/helm, deploy/kustomize): built once
+# from the Go module proxy into ~/.cache/cro/tools (about 2-3 minutes cold, nothing after).
+ensure_deploy_tools() {
+  "$ROOT/deploy/tools/ensure-tools.sh" helm kustomize >/dev/null
+}
+
 # Provider components live in their own target dir so a test that builds one while
 # `cargo test` holds the workspace lock never deadlocks.
 build_components() {

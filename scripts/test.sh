@@ -16,6 +16,11 @@ BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
 export CRO_KUBE_APISERVER="$BIN_DIR/kube-apiserver" CRO_ETCD="$BIN_DIR/etcd"
 echo "control plane ready in $(( $(date +%s) - t0 )) s: $BIN_DIR"
 
+step "deployment tools (helm, kustomize)"
+t0=$(date +%s)
+ensure_deploy_tools
+echo "helm and kustomize ready in $(( $(date +%s) - t0 )) s"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
