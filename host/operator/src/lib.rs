@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod allocation;
+pub mod certs;
 pub mod compat;
 pub mod conditions;
 pub mod config;
@@ -40,6 +41,7 @@ pub mod reconcile;
 pub mod request;
 pub mod resource;
 pub mod run;
+pub mod serve;
 pub mod sync;
 pub mod text;
 pub mod views;

@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` over plain HTTP.
+//! `/metrics`, `/healthz` and `/readyz` over plain HTTP, with the bounds of
+//! [`crate::serve`].
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use tokio::net::TcpListener;
 
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
+use crate::serve::{self, ServerLimits};
 
 /// Readiness: set once the operator serves (controllers running, or standing by for
 /// the Lease with the webhook up).
@@ -86,9 +88,14 @@ impl ProbeServer {
         ready: Arc<Readiness>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), OperatorError> {
-        axum::serve(self.listener, router(metrics, ready))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| OperatorError::Config(format!("probe server: {e}")))
+        serve::serve(
+            self.listener,
+            None,
+            router(metrics, ready),
+            ServerLimits::PROBES,
+            shutdown,
+        )
+        .await;
+        Ok(())
     }
 }

@@ -320,7 +320,11 @@ fn chart_refuses_values_that_cannot_work() {
         ),
         ("provider.mode=nec", NS, "provider.mode"),
         ("deviceResourceType=GPU", NS, "deviceResourceType"),
-        ("webhook.certificates=secret", NS, "required with webhook.certificates=secret"),
+        (
+            "webhook.certificates=secret",
+            NS,
+            "required with webhook.certificates=secret",
+        ),
         ("provider.mode=spec", NS, "provider.spec"),
     ] {
         let err = helm(&[
