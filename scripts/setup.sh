@@ -13,6 +13,8 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v flock >/dev/null || need_apt+=(util-linux)
 command -v git >/dev/null || need_apt+=(git)
+# Builds the container image without a daemon or registry (deploy/image/build.sh).
+command -v buildah >/dev/null || need_apt+=(buildah)
 if ((${#need_apt[@]})); then
   say "installing ${need_apt[*]}"
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi

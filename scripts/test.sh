@@ -32,6 +32,16 @@ CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked -
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
 
+step "container image (built with buildah, then checked)"
+t0=$(date +%s)
+if [[ $(id -u) -eq 0 ]]; then
+  deploy/image/build.sh --check
+else
+  # Without root, buildah works in a user namespace where it is root.
+  buildah unshare deploy/image/build.sh --check
+fi
+echo "image built and checked in $(( $(date +%s) - t0 )) s"
+
 step "cargo clippy --all-targets"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
