@@ -99,3 +99,80 @@ impl ProbeServer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Reads until the server closes; Err if it still holds the connection at `limit`.
+    async fn closed_within(s: &mut TcpStream, limit: Duration) -> Result<String, ()> {
+        let mut got = Vec::new();
+        tokio::time::timeout(limit, async {
+            let mut buf = [0u8; 512];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .map_err(|_| ())?;
+        Ok(String::from_utf8_lossy(&got).into_owned())
+    }
+
+    /// The probe server as `cro run` starts it, attacked as in the issue: 100 connections
+    /// sending half a header are all closed (by the 10 s header timeout, well within
+    /// 40 s), and a request announcing a 10 GiB body and sending 10 bytes is answered
+    /// at once instead of being held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_and_lying_clients_are_bounded() {
+        let server = ProbeServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = server.local_addr().unwrap();
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.serve(
+            Arc::new(Metrics::new()),
+            Arc::new(Readiness::default()),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut half = Vec::new();
+        for _ in 0..100 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Half: ")
+                .await
+                .unwrap();
+            half.push(s);
+        }
+        let mut liar = TcpStream::connect(addr).await.unwrap();
+        liar.write_all(
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10737418240\r\n\r\n0123456789",
+        )
+        .await
+        .unwrap();
+        let reply = closed_within(&mut liar, Duration::from_secs(5))
+            .await
+            .expect("the 10 GiB announcement is held");
+        assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+        for s in &mut half {
+            closed_within(s, Duration::from_secs(40))
+                .await
+                .expect("a half-header connection is still held after 40 s");
+        }
+        // Still serving.
+        let mut ok = TcpStream::connect(addr).await.unwrap();
+        ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let reply = closed_within(&mut ok, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+}
