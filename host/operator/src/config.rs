@@ -9,6 +9,9 @@ use crate::certs::{CertPolicy, SelfManagedCerts};
 use crate::nodeops::ExposureMode;
 use crate::nodeops::plugins::DEFAULT_GPU_OPERATOR_NAMESPACE;
 
+/// Where controller-runtime (the Go operator) finds the webhook's `tls.crt` and `tls.key`
+/// when no flag names them; the Go manifests mount cert-manager's Secret there.
+pub const GO_WEBHOOK_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
 pub const DEFAULT_NAMESPACE: &str = "composable-resource-operator-system";
 /// The Go operator's leader-election id: sharing its Lease means a cro replica never acts
 /// while a Go replica leads during a rollout (docs/migrating.md).
@@ -214,12 +217,17 @@ pub struct RunArgs {
     /// Address of the validating webhook (HTTPS).
     #[arg(long, env = "CRO_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub webhook_addr: String,
-    /// PEM certificate chain of the webhook; the webhook is off without it.
+    /// PEM certificate chain of the webhook. Without it (and without files in
+    /// --webhook-cert-dir or --webhook-self-managed) the webhook is off.
     #[arg(long, env = "CRO_WEBHOOK_CERT")]
     pub webhook_cert: Option<PathBuf>,
     /// PEM private key of the webhook.
     #[arg(long, env = "CRO_WEBHOOK_KEY")]
     pub webhook_key: Option<PathBuf>,
+    /// Without --webhook-cert/--webhook-key, the webhook serves `tls.crt` and `tls.key`
+    /// from this directory when both exist (where the Go operator's manifests mount them).
+    #[arg(long, env = "CRO_WEBHOOK_CERT_DIR", default_value = GO_WEBHOOK_CERT_DIR)]
+    pub webhook_cert_dir: PathBuf,
     /// Serve the webhook with the operator's own CA and certificate (no cert-manager):
     /// kept in the Secret --webhook-secret, the CA injected into
     /// --webhook-configuration, renewed before expiry without a restart.
@@ -308,11 +316,21 @@ impl RunArgs {
             config.probe_addr = None;
         }
         let webhook_addr = addr(&self.webhook_addr, "webhook address")?;
-        config.webhook = match (
-            self.webhook_cert,
-            self.webhook_key,
-            self.webhook_self_managed,
-        ) {
+        let (cert, key) = match (self.webhook_cert, self.webhook_key) {
+            (None, None) if !self.webhook_self_managed => {
+                let (c, k) = (
+                    self.webhook_cert_dir.join("tls.crt"),
+                    self.webhook_cert_dir.join("tls.key"),
+                );
+                if c.is_file() && k.is_file() {
+                    (Some(c), Some(k))
+                } else {
+                    (None, None)
+                }
+            }
+            given => given,
+        };
+        config.webhook = match (cert, key, self.webhook_self_managed) {
             (Some(cert_file), Some(key_file), false) => Some(WebhookConfig {
                 addr: webhook_addr,
                 certs: WebhookCerts::Files {
@@ -473,6 +491,33 @@ mod tests {
             .into_config()
             .unwrap();
         assert_eq!(leader.leader_election.unwrap().identity, "pod-1");
+    }
+
+    /// The Go manifests mount the webhook's certificate where controller-runtime looks.
+    #[test]
+    fn webhook_files_in_the_go_directory_are_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let none = Cli::parse_from(["cro", "--webhook-cert-dir", d])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(none.webhook, None);
+        std::fs::write(dir.path().join("tls.crt"), "c").unwrap();
+        std::fs::write(dir.path().join("tls.key"), "k").unwrap();
+        let c = Cli::parse_from(["cro", "--webhook-cert-dir", d])
+            .run
+            .into_config()
+            .unwrap();
+        let w = c.webhook.unwrap();
+        assert_eq!(w.addr, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(
+            w.certs,
+            WebhookCerts::Files {
+                cert_file: dir.path().join("tls.crt"),
+                key_file: dir.path().join("tls.key"),
+            }
+        );
     }
 
     /// The Go operator's Deployment args work unchanged.
