@@ -171,7 +171,7 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
         assert_eq!(manager["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(manager["readinessProbe"]["httpGet"]["path"], "/readyz");
         assert!(manager["resources"]["limits"]["memory"].is_string());
-        assert_eq!(env_value(manager, "DEVICE_RESOURCE_TYPE").is_some(), true);
+        assert!(env_value(manager, "DEVICE_RESOURCE_TYPE").is_some());
         assert!(
             manager["env"]
                 .as_array()
