@@ -148,6 +148,9 @@ pub struct OperatorConfig {
     /// A second listener serving the same paths, for manifests that probe another port
     /// than they scrape (the Go operator's `--health-probe-bind-address`).
     pub probe_addr: Option<SocketAddr>,
+    /// The metrics listener speaks HTTPS and `/metrics` needs a token allowed
+    /// `get /metrics` (the Go operator's `--metrics-secure`).
+    pub metrics_secure: bool,
     pub webhook: Option<WebhookConfig>,
     pub leader_election: Option<LeaderElectionConfig>,
     /// Name in Events' reporting controller.
@@ -163,6 +166,7 @@ impl OperatorConfig {
             provider,
             metrics_addr: None,
             probe_addr: None,
+            metrics_secure: false,
             webhook: None,
             leader_election: None,
             controller_name: "cro-operator".to_owned(),
@@ -207,6 +211,12 @@ pub struct RunArgs {
         alias = "metrics-bind-address"
     )]
     pub metrics_addr: String,
+    /// Serve the metrics address over HTTPS (self-signed) with /metrics only for bearer
+    /// tokens allowed `get` on `/metrics` (TokenReview + SubjectAccessReview); /healthz
+    /// and /readyz stay open. The Go operator's flag.
+    #[arg(long, env = "CRO_METRICS_SECURE", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_secure: bool,
     /// Another address serving the same paths (the Go operator's probe port, ":8081").
     #[arg(
         long,
@@ -308,6 +318,7 @@ impl RunArgs {
             a => addr(a, what).map(Some),
         };
         config.metrics_addr = optional(&self.metrics_addr, "metrics address")?;
+        config.metrics_secure = self.metrics_secure;
         config.probe_addr = match &self.health_probe_addr {
             Some(a) => optional(a, "health probe address")?,
             None => None,

@@ -32,6 +32,7 @@ pub mod context;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod nodeops;
 pub mod patch;
 pub mod probes;

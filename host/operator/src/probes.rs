@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` over plain HTTP, with the bounds of
+//! `/metrics`, `/healthz` and `/readyz` over plain HTTP, or over HTTPS with `/metrics`
+//! behind Kubernetes authn/authz ([`crate::metrics_auth`]), with the bounds of
 //! [`crate::serve`].
 
 use std::future::Future;
@@ -8,13 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
+use crate::metrics_auth::{self, MetricsAuth};
 use crate::serve::{self, ServerLimits};
 
 /// Readiness: set once the operator serves (controllers running, or standing by for
@@ -36,17 +39,37 @@ impl Readiness {
 struct ProbeState {
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
+    /// When set, `/metrics` answers only authorised scrapers; probes stay open (the
+    /// kubelet sends no token).
+    auth: Option<MetricsAuth>,
 }
 
 pub fn router(metrics: Arc<Metrics>, ready: Arc<Readiness>) -> Router {
+    router_with_auth(metrics, ready, None)
+}
+
+fn router_with_auth(
+    metrics: Arc<Metrics>,
+    ready: Arc<Readiness>,
+    auth: Option<MetricsAuth>,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready_handler))
-        .with_state(ProbeState { metrics, ready })
+        .with_state(ProbeState {
+            metrics,
+            ready,
+            auth,
+        })
 }
 
-async fn metrics_handler(State(s): State<ProbeState>) -> impl IntoResponse {
+async fn metrics_handler(State(s): State<ProbeState>, headers: HeaderMap) -> Response {
+    if let Some(auth) = &s.auth
+        && let Err(refused) = auth.check(&headers).await
+    {
+        return refused.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -54,6 +77,7 @@ async fn metrics_handler(State(s): State<ProbeState>) -> impl IntoResponse {
         )],
         s.metrics.encode(),
     )
+        .into_response()
 }
 
 async fn ready_handler(State(s): State<ProbeState>) -> impl IntoResponse {
@@ -66,6 +90,7 @@ async fn ready_handler(State(s): State<ProbeState>) -> impl IntoResponse {
 
 pub struct ProbeServer {
     listener: TcpListener,
+    secure: Option<(MetricsAuth, Arc<rustls::ServerConfig>)>,
 }
 
 impl ProbeServer {
@@ -73,7 +98,22 @@ impl ProbeServer {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| OperatorError::Listen { addr, source })?;
-        Ok(Self { listener })
+        Ok(Self {
+            listener,
+            secure: None,
+        })
+    }
+
+    /// HTTPS (self-signed) with `/metrics` for authorised scrapers only.
+    pub async fn bind_secure(
+        addr: SocketAddr,
+        client: kube::Client,
+    ) -> Result<Self, OperatorError> {
+        let tls = metrics_auth::self_signed_tls()
+            .map_err(|e| OperatorError::Config(format!("metrics TLS: {e}")))?;
+        let mut server = Self::bind(addr).await?;
+        server.secure = Some((MetricsAuth::new(client), tls));
+        Ok(server)
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, OperatorError> {
@@ -88,10 +128,14 @@ impl ProbeServer {
         ready: Arc<Readiness>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), OperatorError> {
+        let (auth, tls) = match self.secure {
+            Some((auth, tls)) => (Some(auth), Some(TlsAcceptor::from(tls))),
+            None => (None, None),
+        };
         serve::serve(
             self.listener,
-            None,
-            router(metrics, ready),
+            tls,
+            router_with_auth(metrics, ready, auth),
             ServerLimits::PROBES,
             shutdown,
         )

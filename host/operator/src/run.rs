@@ -92,7 +92,11 @@ impl Operator {
         if self.probes.is_none()
             && let Some(addr) = self.config.metrics_addr
         {
-            self.probes = Some(ProbeServer::bind(addr).await?);
+            self.probes = Some(if self.config.metrics_secure {
+                ProbeServer::bind_secure(addr, self.client.clone()).await?
+            } else {
+                ProbeServer::bind(addr).await?
+            });
         }
         if self.health.is_none()
             && let Some(addr) = self.config.probe_addr

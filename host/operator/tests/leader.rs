@@ -262,6 +262,9 @@ async fn the_whole_flow_runs_under_the_charts_rbac() {
     env.sim.add_free_devices("gpu", MODEL, 2);
     let pool = env.sim.free_devices("gpu", MODEL);
     let mut config = env.config.clone();
+    // /metrics as the chart serves it: HTTPS, for tokens allowed get /metrics only.
+    config.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    config.metrics_secure = true;
     // The chart's Lease lives in the release namespace (POD_NAMESPACE).
     let mut le = cro_operator::config::LeaderElectionConfig::new(common::OPERATOR_NS, "cro-0");
     le.renew_period = Duration::from_millis(500);
@@ -272,7 +275,8 @@ async fn the_whole_flow_runs_under_the_charts_rbac() {
         Arc::new(env.nodes.clone()),
         config,
     );
-    operator.bind().await.unwrap();
+    let (metrics_addr, _) = operator.bind().await.unwrap();
+    let metrics_url = format!("https://{}/metrics", metrics_addr.unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(operator.run_until(async {
         let _ = stopped.await;
@@ -312,6 +316,84 @@ async fn the_whole_flow_runs_under_the_charts_rbac() {
         (env.sim.free_devices("gpu", MODEL) == pool && env.gpus_on(&m1).is_empty()).then_some(())
     })
     .await;
+    // A scraper bound to the chart's metrics-reader role reads /metrics; the operator's
+    // own account (not bound to it) and a request without a token do not. The operator
+    // asks the API server (TokenReview, SubjectAccessReview) under the chart's roles.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(env.client.clone(), common::OPERATOR_NS);
+    let scraper: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "prometheus"}})).unwrap();
+    accounts
+        .create(&PostParams::default(), &scraper)
+        .await
+        .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-reads-cro"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cro-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": common::OPERATOR_NS}],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let token_of = |config: kube::Config| {
+        use secrecy::ExposeSecret;
+        config
+            .auth_info
+            .token
+            .map(|t| t.expose_secret().to_owned())
+            .unwrap()
+    };
+    let prometheus = token_of(
+        env.harness
+            .service_account_config(common::OPERATOR_NS, "prometheus", Duration::from_secs(600))
+            .await
+            .unwrap(),
+    );
+    let operator_token = token_of(
+        env.harness
+            .service_account_config(
+                common::OPERATOR_NS,
+                "cro-controller",
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let scrape = |token: Option<String>| {
+        let (http, url) = (http.clone(), metrics_url.clone());
+        async move {
+            let mut r = http.get(url);
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(scrape(None).await.0, 401);
+    assert_eq!(scrape(Some("not-a-token".into())).await.0, 401);
+    assert_eq!(scrape(Some(operator_token)).await.0, 403);
+    // RBAC bindings reach the authorizer's cache asynchronously.
+    let body = eventually("the scraper reads /metrics", CONVERGE, || async {
+        let (code, body) = scrape(Some(prometheus.clone())).await;
+        (code == 200).then_some(body)
+    })
+    .await;
+    assert!(body.contains("cro_reconciles_total"), "{body}");
+    let health = http
+        .get(metrics_url.replace("/metrics", "/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200, "probes need no token");
+
     // Events were written under the account too.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
     assert!(

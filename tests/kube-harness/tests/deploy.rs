@@ -69,6 +69,7 @@ provider:
     name: fti
     component: /opt/cro/providers/fti_provider.wasm
 webhook: {enabled: false}
+metrics: {secure: false}
 networkPolicy: {enabled: false}
 podDisruptionBudget: {enabled: false}
 "#
@@ -211,6 +212,12 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
         }
         match name {
             "defaults" => {
+                // Metrics over HTTPS behind TokenReview + SubjectAccessReview, probes apart.
+                assert!(args.contains(&"--metrics-secure=true"), "{args:?}");
+                assert!(args.contains(&"--health-probe-bind-address=0.0.0.0:8081"));
+                assert_eq!(manager["livenessProbe"]["httpGet"]["port"], "probes");
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(rules.contains("tokenreviews") && rules.contains("subjectaccessreviews"));
                 // cert-manager issues the webhook's certificate and injects its CA.
                 find(&objs, "Certificate", "cro-webhook");
                 let vwc = find(
@@ -232,7 +239,9 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 assert_eq!(role.namespace.as_deref(), Some("gpu-operator"));
             }
             "fti-cm-complete" => {
-                find(&objs, "ServiceMonitor", "cro-metrics");
+                let monitor = find(&objs, "ServiceMonitor", "cro-metrics");
+                assert_eq!(monitor["spec"]["endpoints"][0]["scheme"], "https");
+                assert!(monitor["spec"]["endpoints"][0]["bearerTokenFile"].is_string());
                 let secret = find(&objs, "Secret", "credentials");
                 let keys: BTreeSet<&str> = secret["stringData"]
                     .as_object()
@@ -302,6 +311,9 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                     assert!(!kinds(&objs).contains(absent), "{absent}");
                 }
                 assert_eq!(env_value(manager, "CDI_PROVIDER_TYPE"), None);
+                assert!(args.contains(&"--metrics-secure=false"));
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(!rules.contains("tokenreviews"));
             }
             other => panic!("unchecked value set {other}"),
         }
