@@ -71,7 +71,6 @@ provider:
 webhook: {enabled: false}
 metrics: {secure: false}
 networkPolicy: {enabled: false}
-podDisruptionBudget: {enabled: false}
 "#
             .to_owned(),
         ),
