@@ -212,3 +212,193 @@ async fn status_shows_requests_devices_nodes_and_errors() {
         text(&out.stderr)
     );
 }
+
+/// `cro run` as its own process, as in a pod: a kubeconfig holding only a token the API
+/// server issued for the chart's ServiceAccount (bound by the chart's roles), the Go
+/// operator's environment for the FTI component, secure metrics and a probe port. It
+/// takes the Go operator's Lease, serves /readyz, reconciles a request (watch, finalizer,
+/// status) without a single `forbidden`, and on SIGTERM releases the Lease and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cro_run_works_under_the_charts_service_account() {
+    use std::time::{Duration, Instant};
+
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, PostParams};
+    use kube_harness::tools::{self, DEPLOY_DIR, Tool};
+
+    const NS: &str = "composable-resource-operator-system";
+    let harness = kube_harness::Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    for ns in [NS, "gpu-operator"] {
+        let obj: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap();
+    }
+    let helm = tools::locate(Tool::Helm).unwrap();
+    let chart = std::path::Path::new(DEPLOY_DIR).join("helm/cro");
+    let rendered = tools::run(
+        &helm,
+        &[
+            "template",
+            "cro",
+            chart.to_str().unwrap(),
+            "--namespace",
+            NS,
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ],
+        std::path::Path::new(DEPLOY_DIR),
+    )
+    .unwrap();
+    let objs = kube_harness::manifests::parse(&rendered).unwrap();
+    kube_harness::manifests::apply(&client, &objs, false)
+        .await
+        .unwrap();
+    let token = harness
+        .service_account_token(NS, "cro-controller", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let ca = harness.ca_pem().unwrap();
+    let b64 = {
+        // k8s_openapi's ByteString serialises as base64.
+        serde_json::to_value(k8s_openapi::ByteString(ca.as_bytes().to_vec())).unwrap()
+    };
+    std::fs::write(
+        &kubeconfig,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": harness.server_url(), "certificate-authority-data": b64}}],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+            "current-context": "c",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (metrics_port, probe_port) = (free(), free());
+    let component = cro_test_support::component("fti-provider");
+    let log = dir.path().join("cro.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cro"))
+        .args([
+            "run",
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--metrics-secure",
+            "--health-probe-bind-address",
+            &format!("127.0.0.1:{probe_port}"),
+            "--leader-elect",
+            "--sync-period",
+            "1s",
+        ])
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", NS)
+        .env("POD_NAME", "cro-under-rbac")
+        .env("CDI_PROVIDER_TYPE", "FTI_CDI")
+        // Nothing listens there: fabric calls fail and are retried; RBAC is what is tested.
+        .env("FTI_CDI_ENDPOINT", "127.0.0.1:9/")
+        .env("FTI_CDI_TENANT_ID", "tenant")
+        .env("CRO_FTI_COMPONENT", &component)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let until = |what: &str, deadline: Instant| {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; log:\n{}",
+            logs()
+        );
+    };
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let holder = leases
+            .get_opt("c5744f42.hpsys.ibm.ie.com")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        let ready = reqwest::get(format!("http://127.0.0.1:{probe_port}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if holder.as_deref() == Some("cro-under-rbac") && ready {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cro run exited:\n{}",
+            logs()
+        );
+        until("the Lease and /readyz", deadline);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let requests: Api<cro_api::ComposabilityRequest> = Api::all(client.clone());
+    let req: cro_api::ComposabilityRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposabilityRequest",
+        "metadata": {"name": "sa-run"},
+        "spec": {"resource": {"type": "gpu", "model": "A100", "size": 1}},
+    }))
+    .unwrap();
+    requests.create(&PostParams::default(), &req).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let r = requests.get("sa-run").await.unwrap();
+        let has_finalizer = r
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.contains(&cro_api::FINALIZER.to_string()));
+        if has_finalizer && r.status.is_some() {
+            break;
+        }
+        until("the request reconciled (finalizer and status)", deadline);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        until("cro run to exit after SIGTERM", deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = logs();
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(
+        !text.contains("forbidden"),
+        "a call was forbidden under the chart's roles:\n{text}"
+    );
+    let holder = leases
+        .get("c5744f42.hpsys.ibm.ie.com")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder, None, "the Lease was released on SIGTERM");
+}

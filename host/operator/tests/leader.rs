@@ -337,30 +337,20 @@ async fn the_whole_flow_runs_under_the_charts_rbac() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let token_of = |config: kube::Config| {
-        use secrecy::ExposeSecret;
-        config
-            .auth_info
-            .token
-            .map(|t| t.expose_secret().to_owned())
-            .unwrap()
-    };
-    let prometheus = token_of(
-        env.harness
-            .service_account_config(common::OPERATOR_NS, "prometheus", Duration::from_secs(600))
-            .await
-            .unwrap(),
-    );
-    let operator_token = token_of(
-        env.harness
-            .service_account_config(
-                common::OPERATOR_NS,
-                "cro-controller",
-                Duration::from_secs(600),
-            )
-            .await
-            .unwrap(),
-    );
+    let prometheus = env
+        .harness
+        .service_account_token(common::OPERATOR_NS, "prometheus", Duration::from_secs(600))
+        .await
+        .unwrap();
+    let operator_token = env
+        .harness
+        .service_account_token(
+            common::OPERATOR_NS,
+            "cro-controller",
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
     let http = reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .timeout(Duration::from_secs(10))

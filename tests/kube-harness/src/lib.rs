@@ -259,16 +259,16 @@ impl Harness {
         self.local.as_ref().map(|l| l.credentials.ca_pem.as_str())
     }
 
-    /// A client configuration that authenticates as the ServiceAccount `namespace/name`
-    /// with a token the API server issues (TokenRequest), valid for `ttl`: what a pod of
-    /// that account would use, so a test runs code under exactly the account's RBAC.
-    /// The ServiceAccount must exist.
-    pub async fn service_account_config(
+    /// A token the API server issues (TokenRequest) for the ServiceAccount
+    /// `namespace/name`, valid for `ttl`: what a pod of that account would present, so a
+    /// test (or a process it starts) runs under exactly the account's RBAC. The
+    /// ServiceAccount must exist.
+    pub async fn service_account_token(
         &self,
         namespace: &str,
         name: &str,
         ttl: Duration,
-    ) -> Result<kube::Config, HarnessError> {
+    ) -> Result<String, HarnessError> {
         use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
         use k8s_openapi::api::core::v1::ServiceAccount;
         let api: kube::Api<ServiceAccount> = kube::Api::namespaced(self.client()?, namespace);
@@ -283,13 +283,23 @@ impl Harness {
             .create_token_request(name, &Default::default(), &request)
             .await
             .map_err(HarnessError::Client)?;
-        let token = issued
+        issued
             .status
             .and_then(|s| s.token)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
                 HarnessError::ExistingCluster("the TokenRequest returned no token".into())
-            })?;
+            })
+    }
+
+    /// A client configuration that authenticates with [`Self::service_account_token`].
+    pub async fn service_account_config(
+        &self,
+        namespace: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<kube::Config, HarnessError> {
+        let token = self.service_account_token(namespace, name, ttl).await?;
         let mut config = self.config.clone();
         config.auth_info = kube::config::AuthInfo {
             token: Some(secrecy::SecretString::from(token)),
