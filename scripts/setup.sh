@@ -13,6 +13,8 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v flock >/dev/null || need_apt+=(util-linux)
 command -v git >/dev/null || need_apt+=(git)
+# Builds the container image without a daemon or registry (deploy/image/build.sh).
+command -v buildah >/dev/null || need_apt+=(buildah)
 if ((${#need_apt[@]})); then
   say "installing ${need_apt[*]}"
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
@@ -48,6 +50,12 @@ if ! command -v go >/dev/null; then
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq golang-go
   fi
 fi
+
+# helm and kustomize for the deployment tests (deploy/helm, deploy/kustomize): built once
+# from the Go module proxy into ~/.cache/cro/tools (about 2-3 minutes cold, nothing after).
+ensure_deploy_tools() {
+  "$ROOT/deploy/tools/ensure-tools.sh" helm kustomize >/dev/null
+}
 
 # Provider components live in their own target dir so a test that builds one while
 # `cargo test` holds the workspace lock never deadlocks.

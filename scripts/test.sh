@@ -16,6 +16,11 @@ BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
 export CRO_KUBE_APISERVER="$BIN_DIR/kube-apiserver" CRO_ETCD="$BIN_DIR/etcd"
 echo "control plane ready in $(( $(date +%s) - t0 )) s: $BIN_DIR"
 
+step "deployment tools (helm, kustomize)"
+t0=$(date +%s)
+ensure_deploy_tools
+echo "helm and kustomize ready in $(( $(date +%s) - t0 )) s"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -26,6 +31,16 @@ CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked -
 
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
+
+step "container image (built with buildah, then checked)"
+t0=$(date +%s)
+if [[ $(id -u) -eq 0 ]]; then
+  deploy/image/build.sh --check
+else
+  # Without root, buildah works in a user namespace where it is root.
+  buildah unshare deploy/image/build.sh --check
+fi
+echo "image built and checked in $(( $(date +%s) - t0 )) s"
 
 step "cargo clippy --all-targets"
 cargo clippy --workspace --all-targets --locked -- -D warnings

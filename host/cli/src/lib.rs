@@ -1,5 +1,8 @@
-//! The `cro` command line: `cro run` (the operator), `cro crds` (the CRD manifests),
-//! `cro provider ...` (provider components; `cro provider test` will join `inspect`).
+//! The `cro` command line: `cro run` (the operator), `cro status` (requests, devices,
+//! nodes and errors), `cro crds` (the CRD manifests), `cro provider ...` (provider
+//! components; `cro provider test` will join `inspect`).
+
+pub mod status;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,12 @@ pub enum Command {
     /// webhook, metrics and probes. Uses the in-cluster service account or, outside a
     /// cluster, KUBECONFIG. Every flag can also be set by its environment variable.
     Run(Box<cro_operator::config::RunArgs>),
+    /// Show every ComposabilityRequest with its devices, their nodes and errors.
+    ///
+    /// One line per device (ComposableResource); a request without devices gets one line,
+    /// and devices no request claims are listed last. Uses KUBECONFIG or the in-cluster
+    /// service account.
+    Status,
     /// Print the CRDs this version serves, as YAML.
     ///
     /// Apply them with `cro crds | kubectl apply -f -`.
@@ -59,6 +68,7 @@ pub struct InspectArgs {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run_operator(*args),
+        Command::Status => status_command(),
         Command::Crds => {
             print!("{}", crds_yaml()?);
             Ok(ExitCode::SUCCESS)
@@ -76,6 +86,36 @@ fn run_operator(args: cro_operator::config::RunArgs) -> anyhow::Result<ExitCode>
     runtime
         .block_on(cro_operator::run(config))
         .context("the operator stopped")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_command() -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let table = runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot reach the cluster (KUBECONFIG or in-cluster)")?;
+        let requests: kube::Api<cro_api::ComposabilityRequest> = kube::Api::all(client.clone());
+        let resources: kube::Api<cro_api::ComposableResource> = kube::Api::all(client);
+        let params = kube::api::ListParams::default();
+        let requests = requests
+            .list(&params)
+            .await
+            .context("cannot list ComposabilityRequests")?;
+        let resources = resources
+            .list(&params)
+            .await
+            .context("cannot list ComposableResources")?;
+        anyhow::Ok(status::render(&status::rows(
+            &requests.items,
+            &resources.items,
+        )))
+    })?;
+    print!("{table}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -95,3 +95,310 @@ fn error_causes_are_not_repeated() {
     let stderr = text(&out.stderr);
     assert_eq!(stderr.matches("no-such-kubeconfig").count(), 1, "{stderr}");
 }
+
+/// `cro status` against a real API server: the request, its devices with node, device id
+/// and state, the errors, and a device no request claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_requests_devices_nodes_and_errors() {
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use serde_json::json;
+
+    let harness = kube_harness::Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    let requests: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<cro_api::ComposabilityRequest>(&()),
+    );
+    let resources: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<cro_api::ComposableResource>(&()),
+    );
+    let create = |api: Api<kube::api::DynamicObject>,
+                  obj: serde_json::Value,
+                  status: serde_json::Value| async move {
+        let obj: kube::api::DynamicObject = serde_json::from_value(obj).unwrap();
+        let name = obj.metadata.name.clone().unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+    };
+    create(
+        requests.clone(),
+        json!({"apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposabilityRequest",
+            "metadata": {"name": "training"},
+            "spec": {"resource": {"type": "gpu", "model": "A100", "size": 2}}}),
+        json!({"state": "Updating", "error": ""}),
+    )
+    .await;
+    for (name, owner, node, device, state, error) in [
+        (
+            "gpu-1",
+            Some("training"),
+            "worker-1",
+            "GPU-aaaa",
+            "Online",
+            "",
+        ),
+        (
+            "gpu-2",
+            Some("training"),
+            "worker-2",
+            "",
+            "Attaching",
+            "fabric busy: 503",
+        ),
+        ("gpu-3", None, "worker-3", "GPU-cccc", "Online", ""),
+    ] {
+        let mut meta = json!({"name": name});
+        if let Some(o) = owner {
+            meta["labels"] = json!({"app.kubernetes.io/managed-by": o});
+        }
+        create(
+            resources.clone(),
+            json!({"apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposableResource",
+                "metadata": meta,
+                "spec": {"type": "gpu", "model": "A100", "target_node": node}}),
+            json!({"state": state, "device_id": device, "error": error}),
+        )
+        .await;
+    }
+
+    let kubeconfig = harness
+        .kubeconfig_path()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let out = tokio::task::spawn_blocking(move || cro(&["status"], &[("KUBECONFIG", &kubeconfig)]))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(words(lines[0])[0], "REQUEST");
+    let first = words(lines[1]);
+    assert_eq!(
+        first,
+        [
+            "training", "Updating", "gpu", "2x", "A100", "gpu-1", "worker-1", "GPU-aaaa", "Online",
+            "-"
+        ]
+    );
+    assert!(lines[2].contains("gpu-2") && lines[2].contains("worker-2"));
+    assert!(
+        lines[2].contains("Attaching") && lines[2].ends_with("fabric busy: 503"),
+        "{table}"
+    );
+    assert!(
+        lines[3].starts_with("(none)") && lines[3].contains("GPU-cccc"),
+        "{table}"
+    );
+
+    // Without a cluster: a clear error, no panic.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope").display().to_string();
+    let out = cro(&["status"], &[("KUBECONFIG", &missing)]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot reach the cluster"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `cro run` as its own process, as in a pod: a kubeconfig holding only a token the API
+/// server issued for the chart's ServiceAccount (bound by the chart's roles), the Go
+/// operator's environment for the FTI component, secure metrics and a probe port. It
+/// takes the Go operator's Lease, serves /readyz, reconciles a request (watch, finalizer,
+/// status) without a single `forbidden`, and on SIGTERM releases the Lease and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cro_run_works_under_the_charts_service_account() {
+    use std::time::{Duration, Instant};
+
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, PostParams};
+    use kube_harness::tools::{self, DEPLOY_DIR, Tool};
+
+    const NS: &str = "composable-resource-operator-system";
+    let harness = kube_harness::Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    for ns in [NS, "gpu-operator"] {
+        let obj: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap();
+    }
+    let helm = tools::locate(Tool::Helm).unwrap();
+    let chart = std::path::Path::new(DEPLOY_DIR).join("helm/cro");
+    let rendered = tools::run(
+        &helm,
+        &[
+            "template",
+            "cro",
+            chart.to_str().unwrap(),
+            "--namespace",
+            NS,
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ],
+        std::path::Path::new(DEPLOY_DIR),
+    )
+    .unwrap();
+    let objs = kube_harness::manifests::parse(&rendered).unwrap();
+    kube_harness::manifests::apply(&client, &objs, false)
+        .await
+        .unwrap();
+    let token = harness
+        .service_account_token(NS, "cro-controller", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let ca = harness.ca_pem().unwrap();
+    let b64 = {
+        // k8s_openapi's ByteString serialises as base64.
+        serde_json::to_value(k8s_openapi::ByteString(ca.as_bytes().to_vec())).unwrap()
+    };
+    std::fs::write(
+        &kubeconfig,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": harness.server_url(), "certificate-authority-data": b64}}],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+            "current-context": "c",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (metrics_port, probe_port) = (free(), free());
+    let component = cro_test_support::component("fti-provider");
+    let log = dir.path().join("cro.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cro"))
+        .args([
+            "run",
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--metrics-secure",
+            "--health-probe-bind-address",
+            &format!("127.0.0.1:{probe_port}"),
+            "--leader-elect",
+            "--sync-period",
+            "1s",
+        ])
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", NS)
+        .env("POD_NAME", "cro-under-rbac")
+        .env("CDI_PROVIDER_TYPE", "FTI_CDI")
+        // Nothing listens there: fabric calls fail and are retried; RBAC is what is tested.
+        .env("FTI_CDI_ENDPOINT", "127.0.0.1:9/")
+        .env("FTI_CDI_TENANT_ID", "tenant")
+        .env("CRO_FTI_COMPONENT", &component)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let until = |what: &str, deadline: Instant| {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; log:\n{}",
+            logs()
+        );
+    };
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let holder = leases
+            .get_opt("c5744f42.hpsys.ibm.ie.com")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        let ready = reqwest::get(format!("http://127.0.0.1:{probe_port}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if holder.as_deref() == Some("cro-under-rbac") && ready {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cro run exited:\n{}",
+            logs()
+        );
+        until("the Lease and /readyz", deadline);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let requests: Api<cro_api::ComposabilityRequest> = Api::all(client.clone());
+    let req: cro_api::ComposabilityRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposabilityRequest",
+        "metadata": {"name": "sa-run"},
+        "spec": {"resource": {"type": "gpu", "model": "A100", "size": 1}},
+    }))
+    .unwrap();
+    requests.create(&PostParams::default(), &req).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let r = requests.get("sa-run").await.unwrap();
+        let has_finalizer = r
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.contains(&cro_api::FINALIZER.to_string()));
+        if has_finalizer && r.status.is_some() {
+            break;
+        }
+        until("the request reconciled (finalizer and status)", deadline);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        until("cro run to exit after SIGTERM", deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = logs();
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(
+        !text.contains("forbidden"),
+        "a call was forbidden under the chart's roles:\n{text}"
+    );
+    let holder = leases
+        .get("c5744f42.hpsys.ibm.ie.com")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder, None, "the Lease was released on SIGTERM");
+}

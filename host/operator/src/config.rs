@@ -5,11 +5,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::certs::{CertPolicy, SelfManagedCerts};
 use crate::nodeops::ExposureMode;
 use crate::nodeops::plugins::DEFAULT_GPU_OPERATOR_NAMESPACE;
 
+/// Where controller-runtime (the Go operator) finds the webhook's `tls.crt` and `tls.key`
+/// when no flag names them; the Go manifests mount cert-manager's Secret there.
+pub const GO_WEBHOOK_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
 pub const DEFAULT_NAMESPACE: &str = "composable-resource-operator-system";
-pub const DEFAULT_LEASE_NAME: &str = "cro-operator-leader";
+/// The Go operator's leader-election id: sharing its Lease means a cro replica never acts
+/// while a Go replica leads during a rollout (docs/migrating.md).
+pub const DEFAULT_LEASE_NAME: &str = "c5744f42.hpsys.ibm.ie.com";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -83,8 +89,20 @@ impl Default for Timings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookConfig {
     pub addr: SocketAddr,
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
+    pub certs: WebhookCerts,
+}
+
+/// Where the webhook's serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookCerts {
+    /// PEM files (cert-manager's Secret mounted into the pod); reloaded when they change.
+    Files {
+        cert_file: PathBuf,
+        key_file: PathBuf,
+    },
+    /// The operator's own CA and certificate in a Secret, injected into the webhook
+    /// configuration and renewed before expiry.
+    SelfManaged(SelfManagedCerts),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +145,12 @@ pub struct OperatorConfig {
     pub provider: ProviderSource,
     /// `/metrics`, `/healthz`, `/readyz`; None disables the listener.
     pub metrics_addr: Option<SocketAddr>,
+    /// A second listener serving the same paths, for manifests that probe another port
+    /// than they scrape (the Go operator's `--health-probe-bind-address`).
+    pub probe_addr: Option<SocketAddr>,
+    /// The metrics listener speaks HTTPS and `/metrics` needs a token allowed
+    /// `get /metrics` (the Go operator's `--metrics-secure`).
+    pub metrics_secure: bool,
     pub webhook: Option<WebhookConfig>,
     pub leader_election: Option<LeaderElectionConfig>,
     /// Name in Events' reporting controller.
@@ -146,6 +170,8 @@ impl OperatorConfig {
             timings: Timings::default(),
             provider,
             metrics_addr: None,
+            probe_addr: None,
+            metrics_secure: false,
             webhook: None,
             leader_election: None,
             controller_name: "cro-operator".to_owned(),
@@ -183,21 +209,76 @@ pub struct RunArgs {
     /// Largest retry delay after repeated errors.
     #[arg(long, env = "CRO_MAX_BACKOFF", default_value = "5m")]
     pub max_backoff: String,
-    /// Address of /metrics, /healthz and /readyz ("" disables it).
-    #[arg(long, env = "CRO_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of /metrics, /healthz and /readyz ("" or "0" disables it; ":8080" means
+    /// every interface). `--metrics-bind-address` is the Go operator's name for it.
+    #[arg(
+        long,
+        env = "CRO_METRICS_ADDR",
+        default_value = "0.0.0.0:8080",
+        alias = "metrics-bind-address"
+    )]
     pub metrics_addr: String,
+    /// Serve the metrics address over HTTPS (self-signed) with /metrics only for bearer
+    /// tokens allowed `get` on `/metrics` (TokenReview + SubjectAccessReview); /healthz
+    /// and /readyz stay open. The Go operator's flag.
+    #[arg(long, env = "CRO_METRICS_SECURE", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_secure: bool,
+    /// Another address serving the same paths (the Go operator's probe port, ":8081").
+    #[arg(
+        long,
+        env = "CRO_HEALTH_PROBE_ADDR",
+        alias = "health-probe-bind-address"
+    )]
+    pub health_probe_addr: Option<String>,
     /// Address of the validating webhook (HTTPS).
     #[arg(long, env = "CRO_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub webhook_addr: String,
-    /// PEM certificate chain of the webhook; the webhook is off without it.
+    /// PEM certificate chain of the webhook. Without it (and without files in
+    /// --webhook-cert-dir or --webhook-self-managed) the webhook is off.
     #[arg(long, env = "CRO_WEBHOOK_CERT")]
     pub webhook_cert: Option<PathBuf>,
     /// PEM private key of the webhook.
     #[arg(long, env = "CRO_WEBHOOK_KEY")]
     pub webhook_key: Option<PathBuf>,
-    /// Run only while holding the leader Lease (for more than one replica).
-    #[arg(long, env = "CRO_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Without --webhook-cert/--webhook-key, the webhook serves `tls.crt` and `tls.key`
+    /// from this directory when both exist (where the Go operator's manifests mount them).
+    #[arg(long, env = "CRO_WEBHOOK_CERT_DIR", default_value = GO_WEBHOOK_CERT_DIR)]
+    pub webhook_cert_dir: PathBuf,
+    /// Serve the webhook with the operator's own CA and certificate (no cert-manager):
+    /// kept in the Secret --webhook-secret, the CA injected into
+    /// --webhook-configuration, renewed before expiry without a restart.
+    #[arg(long, env = "CRO_WEBHOOK_SELF_MANAGED", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub webhook_self_managed: bool,
+    /// The Secret (in the operator's namespace) holding the self-managed certificates.
+    #[arg(long, env = "CRO_WEBHOOK_SECRET", default_value = "cro-webhook-tls")]
+    pub webhook_secret: String,
+    /// The ValidatingWebhookConfiguration that gets the self-managed CA.
+    #[arg(
+        long,
+        env = "CRO_WEBHOOK_CONFIGURATION",
+        default_value = "cro-validating-webhook"
+    )]
+    pub webhook_configuration: String,
+    /// The webhook's Service; its DNS names go into the self-managed certificate.
+    #[arg(long, env = "CRO_WEBHOOK_SERVICE", default_value = "cro-webhook")]
+    pub webhook_service: String,
+    /// Lifetime of a self-managed serving certificate (renewed after two thirds).
+    #[arg(long, env = "CRO_WEBHOOK_CERT_VALIDITY", default_value = "2160h")]
+    pub webhook_cert_validity: String,
+    /// Lifetime of the self-managed CA (a successor joins the bundle halfway).
+    #[arg(long, env = "CRO_WEBHOOK_CA_VALIDITY", default_value = "43800h")]
+    pub webhook_ca_validity: String,
+    /// Run only while holding the leader Lease (for more than one replica). A bare
+    /// `--leader-elect` means true, as in the Go operator.
+    #[arg(long, env = "CRO_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: bool,
+    /// Name of the leader Lease; the default is the Go operator's, so the two never lead
+    /// at once.
+    #[arg(long, env = "CRO_LEADER_ELECTION_ID", default_value = DEFAULT_LEASE_NAME)]
+    pub leader_election_id: String,
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub leader_election_namespace: String,
@@ -236,20 +317,87 @@ impl RunArgs {
             }
         }
         let addr = |text: &str, what: &str| -> Result<SocketAddr, ConfigError> {
-            text.parse()
+            // The Go operator's ":8080" form: every interface.
+            let full = match text.strip_prefix(':') {
+                Some(port) => format!("0.0.0.0:{port}"),
+                None => text.to_owned(),
+            };
+            full.parse()
                 .map_err(|e| ConfigError::Invalid(format!("{what} {text:?}: {e}")))
         };
-        config.metrics_addr = match self.metrics_addr.trim() {
-            "" => None,
-            a => Some(addr(a, "metrics address")?),
+        // "0" is how the Go operator switches a listener off.
+        let optional = |text: &str, what: &str| match text.trim() {
+            "" | "0" => Ok(None),
+            a => addr(a, what).map(Some),
         };
-        config.webhook = match (self.webhook_cert, self.webhook_key) {
-            (Some(cert_file), Some(key_file)) => Some(WebhookConfig {
-                addr: addr(&self.webhook_addr, "webhook address")?,
-                cert_file,
-                key_file,
+        config.metrics_addr = optional(&self.metrics_addr, "metrics address")?;
+        config.metrics_secure = self.metrics_secure;
+        config.probe_addr = match &self.health_probe_addr {
+            Some(a) => optional(a, "health probe address")?,
+            None => None,
+        };
+        if config.probe_addr.is_some() && config.probe_addr == config.metrics_addr {
+            config.probe_addr = None;
+        }
+        let webhook_addr = addr(&self.webhook_addr, "webhook address")?;
+        let (cert, key) = match (self.webhook_cert, self.webhook_key) {
+            (None, None) if !self.webhook_self_managed => {
+                let (c, k) = (
+                    self.webhook_cert_dir.join("tls.crt"),
+                    self.webhook_cert_dir.join("tls.key"),
+                );
+                if c.is_file() && k.is_file() {
+                    (Some(c), Some(k))
+                } else {
+                    (None, None)
+                }
+            }
+            given => given,
+        };
+        config.webhook = match (cert, key, self.webhook_self_managed) {
+            (Some(cert_file), Some(key_file), false) => Some(WebhookConfig {
+                addr: webhook_addr,
+                certs: WebhookCerts::Files {
+                    cert_file,
+                    key_file,
+                },
             }),
-            (None, None) => None,
+            (None, None, false) => None,
+            (None, None, true) => {
+                let ns = &self.leader_election_namespace;
+                let svc = &self.webhook_service;
+                let policy = CertPolicy {
+                    ca_validity: parse_duration(&self.webhook_ca_validity)?,
+                    serving_validity: parse_duration(&self.webhook_cert_validity)?,
+                    ..CertPolicy::default()
+                };
+                if policy.serving_validity < Duration::from_secs(3600)
+                    || policy.ca_validity < policy.serving_validity
+                {
+                    return Err(ConfigError::Invalid(
+                        "webhook certificates must live at least 1h, the CA at least as long"
+                            .into(),
+                    ));
+                }
+                Some(WebhookConfig {
+                    addr: webhook_addr,
+                    certs: WebhookCerts::SelfManaged(SelfManagedCerts {
+                        namespace: ns.clone(),
+                        secret_name: self.webhook_secret,
+                        webhook_configuration: self.webhook_configuration,
+                        dns_names: vec![
+                            format!("{svc}.{ns}.svc"),
+                            format!("{svc}.{ns}.svc.cluster.local"),
+                        ],
+                        policy,
+                    }),
+                })
+            }
+            (_, _, true) => {
+                return Err(ConfigError::Invalid(
+                    "choose either webhook certificate files or a self-managed webhook".into(),
+                ));
+            }
             _ => {
                 return Err(ConfigError::Invalid(
                     "the webhook needs both a certificate and a key".into(),
@@ -261,10 +409,14 @@ impl RunArgs {
                 let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "cro".into());
                 format!("{host}-{}", uuid::Uuid::new_v4().simple())
             });
-            config.leader_election = Some(LeaderElectionConfig::new(
-                &self.leader_election_namespace,
-                &identity,
-            ));
+            if self.leader_election_id.trim().is_empty() {
+                return Err(ConfigError::Invalid(
+                    "the leader election id must not be empty".into(),
+                ));
+            }
+            let mut le = LeaderElectionConfig::new(&self.leader_election_namespace, &identity);
+            le.lease_name = self.leader_election_id.trim().to_owned();
+            config.leader_election = Some(le);
         }
         Ok(config)
     }
@@ -336,10 +488,96 @@ mod tests {
 
         let half_webhook = Cli::parse_from(["cro", "--webhook-cert", "/tls/cert.pem"]);
         assert!(half_webhook.run.into_config().is_err());
+        let both = Cli::parse_from([
+            "cro",
+            "--webhook-cert",
+            "/c",
+            "--webhook-key",
+            "/k",
+            "--webhook-self-managed",
+        ]);
+        assert!(both.run.into_config().is_err());
+        let own = Cli::parse_from(["cro", "--webhook-self-managed"])
+            .run
+            .into_config()
+            .unwrap();
+        match own.webhook.unwrap().certs {
+            WebhookCerts::SelfManaged(c) => {
+                assert_eq!(c.namespace, DEFAULT_NAMESPACE);
+                assert_eq!(c.secret_name, "cro-webhook-tls");
+                assert_eq!(
+                    c.dns_names[0],
+                    "cro-webhook.composable-resource-operator-system.svc"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         let leader = Cli::parse_from(["cro", "--identity", "pod-1"])
             .run
             .into_config()
             .unwrap();
         assert_eq!(leader.leader_election.unwrap().identity, "pod-1");
+    }
+
+    /// The Go manifests mount the webhook's certificate where controller-runtime looks.
+    #[test]
+    fn webhook_files_in_the_go_directory_are_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let none = Cli::parse_from(["cro", "--webhook-cert-dir", d])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(none.webhook, None);
+        std::fs::write(dir.path().join("tls.crt"), "c").unwrap();
+        std::fs::write(dir.path().join("tls.key"), "k").unwrap();
+        let c = Cli::parse_from(["cro", "--webhook-cert-dir", d])
+            .run
+            .into_config()
+            .unwrap();
+        let w = c.webhook.unwrap();
+        assert_eq!(w.addr, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(
+            w.certs,
+            WebhookCerts::Files {
+                cert_file: dir.path().join("tls.crt"),
+                key_file: dir.path().join("tls.key"),
+            }
+        );
+    }
+
+    /// The Go operator's Deployment args work unchanged.
+    #[test]
+    fn go_operator_flags_are_accepted() {
+        let c = Cli::parse_from([
+            "cro",
+            "--leader-elect",
+            "--health-probe-bind-address=:8081",
+            "--metrics-bind-address=:8443",
+            "--identity",
+            "pod-1",
+        ])
+        .run
+        .into_config()
+        .unwrap();
+        let le = c.leader_election.unwrap();
+        assert_eq!(le.lease_name, "c5744f42.hpsys.ibm.ie.com");
+        assert_eq!(le.namespace, "composable-resource-operator-system");
+        assert_eq!(c.metrics_addr, Some("0.0.0.0:8443".parse().unwrap()));
+        assert_eq!(c.probe_addr, Some("0.0.0.0:8081".parse().unwrap()));
+
+        // Go's "0" disables the metrics listener.
+        let c = Cli::parse_from(["cro", "--metrics-bind-address", "0", "--leader-elect=false"])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(c.metrics_addr, None);
+        assert_eq!(c.leader_election, None);
+        assert!(
+            Cli::parse_from(["cro", "--health-probe-bind-address", "nonsense"])
+                .run
+                .into_config()
+                .is_err()
+        );
     }
 }

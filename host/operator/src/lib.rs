@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod allocation;
+pub mod certs;
 pub mod compat;
 pub mod conditions;
 pub mod config;
@@ -31,6 +32,7 @@ pub mod context;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod nodeops;
 pub mod patch;
 pub mod probes;
@@ -40,6 +42,7 @@ pub mod reconcile;
 pub mod request;
 pub mod resource;
 pub mod run;
+pub mod serve;
 pub mod sync;
 pub mod text;
 pub mod views;

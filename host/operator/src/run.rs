@@ -11,7 +11,8 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kube::api::{Api, ListParams};
 
-use crate::config::{OperatorConfig, ProviderSource};
+use crate::certs::{self, ReloadingCert};
+use crate::config::{OperatorConfig, ProviderSource, WebhookCerts};
 use crate::context::Context;
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
@@ -21,6 +22,9 @@ use crate::probes::{ProbeServer, Readiness};
 use crate::provider::DeviceProvider;
 use crate::webhook::{WebhookServer, WebhookTls};
 use crate::{compat, leader, request, resource, sync};
+
+/// How often mounted certificate files are compared with the ones in use.
+const CERT_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A shutdown signal many tasks can wait on (Sync, as kube's controllers require).
 type Signal = Shared<BoxFuture<'static, ()>>;
@@ -41,6 +45,7 @@ pub struct Operator {
     ready: Arc<Readiness>,
     webhook: Option<WebhookServer>,
     probes: Option<ProbeServer>,
+    health: Option<ProbeServer>,
 }
 
 impl Operator {
@@ -66,6 +71,7 @@ impl Operator {
             ready: Arc::new(Readiness::default()),
             webhook: None,
             probes: None,
+            health: None,
         }
     }
 
@@ -77,6 +83,11 @@ impl Operator {
         self.ready.clone()
     }
 
+    /// The address of the separate health-probe listener, once bound.
+    pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
+        self.health.as_ref().and_then(|h| h.local_addr().ok())
+    }
+
     /// Binds the listeners of the configuration now (so their addresses are known
     /// before [`Operator::run_until`]); returns the bound addresses (probes, webhook).
     pub async fn bind(
@@ -85,12 +96,29 @@ impl Operator {
         if self.probes.is_none()
             && let Some(addr) = self.config.metrics_addr
         {
-            self.probes = Some(ProbeServer::bind(addr).await?);
+            self.probes = Some(if self.config.metrics_secure {
+                ProbeServer::bind_secure(addr, self.client.clone()).await?
+            } else {
+                ProbeServer::bind(addr).await?
+            });
+        }
+        if self.health.is_none()
+            && let Some(addr) = self.config.probe_addr
+        {
+            self.health = Some(ProbeServer::bind(addr).await?);
         }
         if self.webhook.is_none()
             && let Some(w) = &self.config.webhook
         {
-            let tls = WebhookTls::from_files(&w.cert_file, &w.key_file)?;
+            let tls = match &w.certs {
+                WebhookCerts::Files {
+                    cert_file,
+                    key_file,
+                } => WebhookTls::from_files(cert_file, key_file)?,
+                WebhookCerts::SelfManaged(_) => {
+                    WebhookTls::reloading(Arc::new(ReloadingCert::default()))?
+                }
+            };
             self.webhook = Some(WebhookServer::bind(w.addr, tls).await?);
         }
         let probes = self.probes.as_ref().map(|p| p.local_addr()).transpose()?;
@@ -127,6 +155,36 @@ impl Operator {
         if let Some(probes) = self.probes.take() {
             let (m, r, s) = (self.metrics.clone(), self.ready.clone(), stop.clone());
             background.spawn(async move { probes.serve(m, r, s).await.map(|()| "probes") });
+        }
+        if let Some(health) = self.health.take() {
+            let (m, r, s) = (self.metrics.clone(), self.ready.clone(), stop.clone());
+            background.spawn(async move { health.serve(m, r, s).await.map(|()| "health probes") });
+        }
+        if let (Some(webhook), Some(w)) = (&self.webhook, &self.config.webhook) {
+            let resolver = webhook.tls().resolver();
+            match w.certs.clone() {
+                WebhookCerts::Files {
+                    cert_file,
+                    key_file,
+                } => {
+                    let s = stop.clone();
+                    background.spawn(async move {
+                        certs::watch_files(cert_file, key_file, resolver, CERT_FILE_CHECK, s).await;
+                        Ok("webhook certificate reloader")
+                    });
+                }
+                WebhookCerts::SelfManaged(cfg) => {
+                    // A certificate before the first review; later rounds in the background.
+                    certs::reconcile_once(&self.client, &cfg, &resolver)
+                        .await
+                        .map_err(|e| OperatorError::Webhook(e.to_string()))?;
+                    let (c, s) = (self.client.clone(), stop.clone());
+                    background.spawn(async move {
+                        certs::run(c, cfg, resolver, s).await;
+                        Ok("webhook certificate manager")
+                    });
+                }
+            }
         }
         if let Some(webhook) = self.webhook.take() {
             let (c, m, s) = (self.client.clone(), self.metrics.clone(), stop.clone());

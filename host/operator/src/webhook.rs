@@ -1,6 +1,5 @@
 //! The validating admission webhook of ComposabilityRequest (SPEC §6), over TLS.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,52 +10,58 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use cro_api::ComposabilityRequest;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use kube::api::{Api, DynamicObject, ListParams};
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
 
 use crate::admission::{self, Refusal};
+use crate::certs::ReloadingCert;
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
+use crate::serve::{self, ServerLimits};
 use crate::views;
 
 /// The path the Go operator's webhook configuration uses.
 pub const VALIDATE_PATH: &str = "/validate-cro-hpsys-ibm-ie-com-v1alpha1-composabilityrequest";
-/// A TLS handshake that takes longer is dropped, so idle sockets cannot pile up.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a review waits for the cache's first list before refusing (the API server
+/// gives the webhook 10 s).
+const CACHE_WAIT: Duration = Duration::from_secs(5);
 
-/// The webhook's server certificate and key.
+/// The webhook's TLS settings; the certificate comes from a [`ReloadingCert`], so a
+/// renewed one is used from the next handshake on without a restart.
 #[derive(Clone)]
-pub struct WebhookTls(Arc<rustls::ServerConfig>);
+pub struct WebhookTls {
+    config: Arc<rustls::ServerConfig>,
+    resolver: Arc<ReloadingCert>,
+}
 
 impl WebhookTls {
-    pub fn from_pem(cert_chain: &[u8], key: &[u8]) -> Result<Self, OperatorError> {
-        let bad =
-            |what: &str, e: &dyn std::fmt::Display| OperatorError::Webhook(format!("{what}: {e}"));
-        let certs = CertificateDer::pem_slice_iter(cert_chain)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad("certificate", &e))?;
-        if certs.is_empty() {
-            return Err(OperatorError::Webhook("no certificate in the PEM".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| bad("private key", &e))?;
+    /// TLS with whatever `resolver` holds (handshakes fail until it holds something).
+    pub fn reloading(resolver: Arc<ReloadingCert>) -> Result<Self, OperatorError> {
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| bad("TLS", &e))?
+        .map_err(|e| OperatorError::Webhook(format!("TLS: {e}")))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| bad("certificate and key", &e))?;
+        .with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self(Arc::new(config)))
+        Ok(Self {
+            config: Arc::new(config),
+            resolver,
+        })
+    }
+
+    pub fn from_pem(cert_chain: &[u8], key: &[u8]) -> Result<Self, OperatorError> {
+        let resolver = Arc::new(ReloadingCert::default());
+        resolver
+            .set_pem(cert_chain, key)
+            .map_err(|e| OperatorError::Webhook(e.to_string()))?;
+        Self::reloading(resolver)
     }
 
     pub fn from_files(cert_file: &Path, key_file: &Path) -> Result<Self, OperatorError> {
@@ -65,11 +70,17 @@ impl WebhookTls {
         };
         Self::from_pem(&read(cert_file)?, &read(key_file)?)
     }
+
+    /// Where renewed certificates go.
+    pub fn resolver(&self) -> Arc<ReloadingCert> {
+        self.resolver.clone()
+    }
 }
 
 #[derive(Clone)]
 struct WebhookState {
-    client: kube::Client,
+    /// Every ComposabilityRequest, as the watch last saw them.
+    requests: Store<ComposabilityRequest>,
     metrics: Arc<Metrics>,
 }
 
@@ -93,66 +104,41 @@ impl WebhookServer {
             .map_err(|e| OperatorError::Webhook(e.to_string()))
     }
 
+    pub fn tls(&self) -> &WebhookTls {
+        &self.tls
+    }
+
+    /// Answers reviews until `shutdown`. The other requests a review is judged against
+    /// come from a watch-fed cache started here, not from a cluster-wide list per review.
     pub async fn serve(
         self,
         client: kube::Client,
         metrics: Arc<Metrics>,
         shutdown: impl Future<Output = ()>,
     ) {
-        let router = router(client, metrics);
-        let acceptor = TlsAcceptor::from(self.tls.0);
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let stream = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "webhook accept failed");
-                        // Out of descriptors and the like: back off instead of spinning.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => return,
-            };
-            let acceptor = acceptor.clone();
-            let router = router.clone();
-            tokio::spawn(async move {
-                let tls =
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "webhook TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                let service = service_fn(move |req| {
-                    let router = router.clone();
-                    async move {
-                        Ok::<_, Infallible>(
-                            router
-                                .oneshot(req)
-                                .await
-                                .unwrap_or_else(|never| match never {}),
-                        )
-                    }
-                });
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await
-                {
-                    tracing::debug!(error = %e, "webhook connection ended");
-                }
-            });
+        let (store, writer) = reflector::store::<ComposabilityRequest>();
+        let feed = reflector(
+            writer,
+            watcher(Api::all(client), watcher::Config::default()).default_backoff(),
+        )
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "webhook cache: watch failed; retrying");
+            }
+        });
+        let router = router(store, metrics);
+        let acceptor = TlsAcceptor::from(self.tls.config.clone());
+        tokio::select! {
+            () = serve::serve(self.listener, Some(acceptor), router, ServerLimits::WEBHOOK, shutdown) => {}
+            () = feed => {}
         }
     }
 }
 
-fn router(client: kube::Client, metrics: Arc<Metrics>) -> Router {
+fn router(requests: Store<ComposabilityRequest>, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route(VALIDATE_PATH, post(validate_handler))
-        .with_state(WebhookState { client, metrics })
+        .with_state(WebhookState { requests, metrics })
 }
 
 async fn validate_handler(
@@ -222,19 +208,20 @@ async fn review_request(
         state.metrics.admission("allowed", None);
         return response;
     }
-    let api: Api<ComposabilityRequest> = Api::all(state.client.clone());
-    let others = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) => {
-            return deny(
-                response,
-                "error",
-                None,
-                format!("cannot list ComposabilityRequests to validate against: {e}"),
-            );
-        }
-    };
-    let summaries: Vec<_> = others.iter().map(views::request_summary).collect();
+    // Until the first full list has arrived the cache cannot say who else exists.
+    if tokio::time::timeout(CACHE_WAIT, state.requests.wait_until_ready())
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        return deny(
+            response,
+            "error",
+            None,
+            "the webhook's view of ComposabilityRequests is not loaded yet; retry".into(),
+        );
+    }
+    let others = state.requests.state();
+    let summaries: Vec<_> = others.iter().map(|r| views::request_summary(r)).collect();
     let mut mine = views::request_summary(&new);
     if mine.name.is_empty() {
         // generateName: the final name is not known yet, and it collides with nobody.

@@ -9,7 +9,7 @@ use common::{CONVERGE, Env, MODEL, eventually, gpu};
 use cro_api::{
     AllocationPolicy, ComposabilityRequest, ComposabilityRequestSpec, ScalarResourceDetails,
 };
-use cro_operator::config::WebhookConfig;
+use cro_operator::config::{WebhookCerts, WebhookConfig};
 use cro_operator::webhook::VALIDATE_PATH;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -58,7 +58,17 @@ async fn create(env: &Env, name: &str, details: ScalarResourceDetails) -> Result
         .create(&PostParams::default(), &request(name, details))
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    // The webhook judges against its watch-fed cache, as a controller-runtime webhook
+    // does. Once the controllers (another watch) have written a status, that watch has
+    // delivered the creation too, so the next review sees this request.
+    eventually(
+        &format!("{name} seen by the operator"),
+        CONVERGE,
+        || async { env.request(name).await?.status.map(|_| ()) },
+    )
+    .await;
+    Ok(())
 }
 
 fn differentnode(model: &str) -> ScalarResourceDetails {
@@ -84,8 +94,10 @@ async fn webhook_refuses_the_spec_cases_and_admits_the_rest() {
     let tls = webhook_tls();
     env.config.webhook = Some(WebhookConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
-        cert_file: tls.cert_file.path().into(),
-        key_file: tls.key_file.path().into(),
+        certs: WebhookCerts::Files {
+            cert_file: tls.cert_file.path().into(),
+            key_file: tls.key_file.path().into(),
+        },
     });
     env.config.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
     let (probes, webhook) = env.start_operator().await;
@@ -236,4 +248,192 @@ async fn webhook_refuses_the_spec_cases_and_admits_the_rest() {
         .unwrap();
     assert!(samenode_denials >= 3, "{samenode_denials}");
     env.stop_operator().await.unwrap();
+}
+
+/// The webhook configuration the chart installs, pointed at a local URL.
+fn chart_like_configuration(
+    name: &str,
+    port: u16,
+    ca_pem: Option<&str>,
+) -> ValidatingWebhookConfiguration {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "vcomposabilityrequest.kb.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 10,
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}{VALIDATE_PATH}"),
+                "caBundle": ca_pem.map(|p| base64_encode(p.as_bytes())),
+            },
+            "matchConditions": [{"name": "spec-changes-only",
+                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
+            "rules": [{"apiGroups": [cro_api::GROUP], "apiVersions": [cro_api::VERSION],
+                "operations": ["CREATE", "UPDATE"], "resources": ["composabilityrequests"],
+                "scope": "Cluster"}],
+        }],
+    }))
+    .unwrap()
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    // k8s_openapi's ByteString serialises as base64.
+    serde_json::to_value(ByteString(bytes.to_vec()))
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The self-managed webhook: the operator makes its CA and certificate, stores them in a
+/// Secret, injects the CA into the configuration, and renews the serving certificate and
+/// then the CA (two-step) while the API server keeps calling it; every call in between is
+/// answered by the webhook. Then, with the webhook gone and `failurePolicy: Fail`, the
+/// operator's own kinds of writes (finalizers, status) still pass; spec changes do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_managed_certificates_rotate_while_the_webhook_answers() {
+    use cro_operator::certs::{CertPolicy, SelfManagedCerts};
+    use k8s_openapi::api::core::v1::Secret;
+
+    let mut env = Env::start().await;
+    let policy = CertPolicy {
+        ca_validity: Duration::from_secs(24),
+        serving_validity: Duration::from_secs(6),
+        check_period: Duration::from_millis(500),
+    };
+    env.config.webhook = Some(WebhookConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        certs: WebhookCerts::SelfManaged(SelfManagedCerts {
+            namespace: common::OPERATOR_NS.into(),
+            secret_name: "cro-webhook-tls".into(),
+            webhook_configuration: "cro-self-managed".into(),
+            dns_names: vec!["127.0.0.1".into()],
+            policy,
+        }),
+    });
+    let (_, webhook) = env.start_operator().await;
+    let port = webhook.unwrap().port();
+    // Installed after the operator, without a CA: the operator injects it.
+    Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &chart_like_configuration("cro-self-managed", port, None),
+        )
+        .await
+        .unwrap();
+
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), common::OPERATOR_NS);
+    let note = |s: &Secret, k: &str| {
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&format!("cro.hpsys.ibm.ie.com/{k}")).cloned())
+            .unwrap_or_default()
+    };
+    let mut bad = differentnode("ROTATE");
+    bad.target_node = Some("worker-1".into());
+    let refused_by_webhook = |e: &str| e.contains("differentnode cannot be used with target_node");
+    eventually(
+        "the webhook to answer with the injected CA",
+        CONVERGE,
+        || async {
+            create(&env, "rotating", bad.clone())
+                .await
+                .err()
+                .filter(|e| refused_by_webhook(e))
+        },
+    )
+    .await;
+
+    let first = secrets.get("cro-webhook-tls").await.unwrap();
+    let (first_ca, mut serving_seen, mut cas_seen) = (
+        note(&first, "ca-name"),
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    let deadline = std::time::Instant::now() + CONVERGE;
+    let mut calls = 0;
+    // Until two serving certificates after the first and a promoted CA were in use.
+    while serving_seen.len() < 3 || cas_seen.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no rotation: serving {serving_seen:?}, CAs {cas_seen:?}"
+        );
+        let e = env
+            .requests()
+            .create(&PostParams::default(), &request("rotating", bad.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused_by_webhook(&e),
+            "call {calls} not answered by the webhook: {e}"
+        );
+        calls += 1;
+        let s = secrets.get("cro-webhook-tls").await.unwrap();
+        serving_seen.insert(note(&s, "tls-issued"));
+        cas_seen.insert(note(&s, "ca-name"));
+    }
+    assert!(cas_seen.contains(&first_ca));
+    // The configuration trusts the current CA (and the one before while it is valid).
+    let vwc = Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .get("cro-self-managed")
+        .await
+        .unwrap();
+    let bundle = String::from_utf8(
+        vwc.webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .unwrap()
+            .0,
+    )
+    .unwrap();
+    let now = secrets.get("cro-webhook-tls").await.unwrap();
+    let ca = String::from_utf8(now.data.unwrap()["ca.crt"].0.clone()).unwrap();
+    assert!(bundle.contains(&ca));
+
+    // The webhook goes away (all replicas down): failurePolicy Fail refuses spec changes,
+    // but finalizer and status writes never reach it.
+    env.create_request("kept", gpu(1)).await;
+    env.stop_operator().await.unwrap();
+    let requests = env.requests();
+    requests
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": ["test.example/hold"]}})),
+        )
+        .await
+        .expect("a finalizer patch is not judged");
+    requests
+        .patch_status(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"state": "Updating"}})),
+        )
+        .await
+        .expect("a status patch is not judged");
+    let e = requests
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"resource": {"size": 2}}})),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("failed calling webhook"), "{e}");
+    requests
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("removing finalizers is not judged");
 }

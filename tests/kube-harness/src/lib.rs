@@ -30,7 +30,9 @@ mod certs;
 mod cleanup;
 mod control_plane;
 mod crds;
+pub mod manifests;
 mod process;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -255,6 +257,55 @@ impl Harness {
     /// The CA certificate (PEM) of a local control plane.
     pub fn ca_pem(&self) -> Option<&str> {
         self.local.as_ref().map(|l| l.credentials.ca_pem.as_str())
+    }
+
+    /// A token the API server issues (TokenRequest) for the ServiceAccount
+    /// `namespace/name`, valid for `ttl`: what a pod of that account would present, so a
+    /// test (or a process it starts) runs under exactly the account's RBAC. The
+    /// ServiceAccount must exist.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<String, HarnessError> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: kube::Api<ServiceAccount> = kube::Api::namespaced(self.client()?, namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let issued = api
+            .create_token_request(name, &Default::default(), &request)
+            .await
+            .map_err(HarnessError::Client)?;
+        issued
+            .status
+            .and_then(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                HarnessError::ExistingCluster("the TokenRequest returned no token".into())
+            })
+    }
+
+    /// A client configuration that authenticates with [`Self::service_account_token`].
+    pub async fn service_account_config(
+        &self,
+        namespace: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<kube::Config, HarnessError> {
+        let token = self.service_account_token(namespace, name, ttl).await?;
+        let mut config = self.config.clone();
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(secrecy::SecretString::from(token)),
+            ..Default::default()
+        };
+        Ok(config)
     }
 
     /// Whether this is the cluster of `KUBECONFIG` rather than a local control plane.

@@ -1,0 +1,493 @@
+//! The Helm chart (deploy/helm/cro) and the kustomize tree generated from it: `helm lint`,
+//! `helm template` with the default values and other value sets, what each rendering
+//! holds, and every rendered object accepted by a real API server (server-side apply,
+//! dry run). helm and kustomize come from deploy/tools/ensure-tools.sh.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube_harness::manifests::{self, Manifest, stand_in_crd};
+use kube_harness::tools::{self, DEPLOY_DIR, Tool};
+use kube_harness::{Harness, HarnessBuilder};
+use serde_json::Value;
+
+const NS: &str = "composable-resource-operator-system";
+
+fn chart() -> PathBuf {
+    Path::new(DEPLOY_DIR).join("helm/cro")
+}
+
+fn helm(args: &[&str]) -> Result<String, tools::ToolError> {
+    let helm = tools::locate(Tool::Helm).expect("helm");
+    tools::run(&helm, args, Path::new(DEPLOY_DIR))
+}
+
+/// The value sets every test renders, by name: the defaults and the other shapes a
+/// cluster operator picks.
+fn value_sets() -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        ("defaults", NS, String::new()),
+        (
+            "fti-cm-complete",
+            NS,
+            r#"
+provider:
+  fti:
+    apiType: CM
+    endpoint: "fabric.example:8443/"
+    tenantId: "tenant-1"
+    clusterId: "cluster-1"
+    caPem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    credentials: {create: true, username: u, password: p, clientId: c, clientSecret: s, realm: r}
+metrics:
+  serviceMonitor: {enabled: true, labels: {release: prometheus}}
+webhook: {certificates: selfManaged}
+"#
+            .to_owned(),
+        ),
+        (
+            "dra-host-driver-own-tls",
+            NS,
+            r#"
+deviceResourceType: DRA
+nodeAgent: {enabled: true}
+webhook: {certificates: secret, secretName: cro-webhook-tls, caBundle: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
+"#
+            .to_owned(),
+        ),
+        (
+            "provider-spec-minimal",
+            "cro-elsewhere",
+            r#"
+replicaCount: 1
+leaderElection: {enabled: false}
+provider:
+  mode: spec
+  spec: |
+    name: fti
+    component: /opt/cro/providers/fti_provider.wasm
+webhook: {enabled: false}
+metrics: {secure: false}
+networkPolicy: {enabled: false}
+"#
+            .to_owned(),
+        ),
+    ]
+}
+
+fn values_file(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn render(namespace: &str, values: &Path) -> Vec<Manifest> {
+    let chart = chart();
+    let out = helm(&[
+        "template",
+        "cro",
+        chart.to_str().unwrap(),
+        "--namespace",
+        namespace,
+        "--values",
+        values.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    manifests::parse(&out).unwrap()
+}
+
+fn find<'a>(objs: &'a [Manifest], kind: &str, name: &str) -> &'a Value {
+    &objs
+        .iter()
+        .find(|m| m.kind == kind && m.name == name)
+        .unwrap_or_else(|| {
+            let have: Vec<_> = objs.iter().map(Manifest::describe).collect();
+            panic!("no {kind} {name} in {have:?}")
+        })
+        .object
+}
+
+fn kinds(objs: &[Manifest]) -> BTreeSet<String> {
+    objs.iter().map(|m| m.kind.clone()).collect()
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+}
+
+#[test]
+fn chart_lints_and_renders_what_a_cluster_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = chart();
+    for (name, namespace, yaml) in value_sets() {
+        let values = values_file(dir.path(), name, &yaml);
+        helm(&[
+            "lint",
+            "--strict",
+            chart.to_str().unwrap(),
+            "--namespace",
+            namespace,
+            "--values",
+            values.to_str().unwrap(),
+        ])
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let objs = render(namespace, &values);
+        for m in &objs {
+            if !matches!(
+                m.kind.as_str(),
+                "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+            ) {
+                assert!(
+                    m.namespace.is_some(),
+                    "{name}: {} has no namespace",
+                    m.describe()
+                );
+            }
+        }
+        let deploy = find(&objs, "Deployment", "cro-controller");
+        let pod = &deploy["spec"]["template"]["spec"];
+        let manager = &pod["containers"][0];
+        let args: Vec<&str> = manager["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args[0], "run", "{name}");
+        assert_eq!(pod["serviceAccountName"], "cro-controller");
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(manager["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            manager["securityContext"]["allowPrivilegeEscalation"],
+            false
+        );
+        assert_eq!(manager["securityContext"]["capabilities"]["drop"][0], "ALL");
+        assert_eq!(manager["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(manager["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert!(manager["resources"]["limits"]["memory"].is_string());
+        assert!(env_value(manager, "DEVICE_RESOURCE_TYPE").is_some());
+        assert!(
+            manager["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "POD_NAMESPACE"),
+            "{name}: POD_NAMESPACE names the Lease's namespace"
+        );
+        assert!(kinds(&objs).contains("ServiceAccount"));
+        find(&objs, "ClusterRole", "cro-manager");
+        find(&objs, "ClusterRoleBinding", "cro-manager");
+        find(&objs, "Role", "cro-manager");
+        find(&objs, "Service", "cro-metrics");
+
+        match name {
+            "defaults" | "fti-cm-complete" | "dra-host-driver-own-tls" => {
+                assert_eq!(deploy["spec"]["replicas"], 2, "{name}");
+                assert!(args.contains(&"--leader-elect=true"), "{name}: {args:?}");
+                find(&objs, "PodDisruptionBudget", "cro-controller");
+                find(&objs, "Service", "cro-webhook");
+                find(&objs, "NetworkPolicy", "cro-allow-webhook");
+                find(&objs, "NetworkPolicy", "cro-allow-metrics");
+                let vwc = find(
+                    &objs,
+                    "ValidatingWebhookConfiguration",
+                    "cro-validating-webhook",
+                );
+                let hook = &vwc["webhooks"][0];
+                assert_eq!(hook["failurePolicy"], "Fail");
+                assert_eq!(
+                    hook["clientConfig"]["service"]["path"],
+                    "/validate-cro-hpsys-ibm-ie-com-v1alpha1-composabilityrequest"
+                );
+                assert_eq!(env_value(manager, "CDI_PROVIDER_TYPE"), Some("FTI_CDI"));
+            }
+            _ => {}
+        }
+        match name {
+            "defaults" => {
+                // Metrics over HTTPS behind TokenReview + SubjectAccessReview, probes apart.
+                assert!(args.contains(&"--metrics-secure=true"), "{args:?}");
+                assert!(args.contains(&"--health-probe-bind-address=0.0.0.0:8081"));
+                assert_eq!(manager["livenessProbe"]["httpGet"]["port"], "probes");
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(rules.contains("tokenreviews") && rules.contains("subjectaccessreviews"));
+                // cert-manager issues the webhook's certificate and injects its CA.
+                find(&objs, "Certificate", "cro-webhook");
+                let vwc = find(
+                    &objs,
+                    "ValidatingWebhookConfiguration",
+                    "cro-validating-webhook",
+                );
+                assert_eq!(
+                    vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                    format!("{NS}/cro-webhook")
+                );
+                assert!(!kinds(&objs).contains("DaemonSet"));
+                assert!(!kinds(&objs).contains("ServiceMonitor"));
+                // DEVICE_PLUGIN restarts the GPU operator's daemonsets: a Role there.
+                let role = objs
+                    .iter()
+                    .find(|m| m.kind == "Role" && m.name == "cro-gpu-operator")
+                    .unwrap();
+                assert_eq!(role.namespace.as_deref(), Some("gpu-operator"));
+            }
+            "fti-cm-complete" => {
+                let monitor = find(&objs, "ServiceMonitor", "cro-metrics");
+                assert_eq!(monitor["spec"]["endpoints"][0]["scheme"], "https");
+                assert!(monitor["spec"]["endpoints"][0]["bearerTokenFile"].is_string());
+                let secret = find(&objs, "Secret", "credentials");
+                let keys: BTreeSet<&str> = secret["stringData"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                assert_eq!(
+                    keys,
+                    BTreeSet::from([
+                        "username",
+                        "password",
+                        "client_id",
+                        "client_secret",
+                        "realm"
+                    ])
+                );
+                assert_eq!(env_value(manager, "FTI_CDI_CLUSTER_ID"), Some("cluster-1"));
+                assert_eq!(
+                    env_value(manager, "CRO_FTI_CA_FILE"),
+                    Some("/etc/cro/fabric-ca/ca.crt")
+                );
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(rules.contains("baremetalhosts") && rules.contains("machines"));
+                // The operator manages the webhook's certificates itself.
+                assert!(args.contains(&"--webhook-self-managed"), "{args:?}");
+                assert!(rules.contains("validatingwebhookconfigurations"));
+                assert!(!kinds(&objs).contains("Certificate"));
+                assert!(!manager["volumeMounts"].to_string().contains("webhook-tls"));
+            }
+            "dra-host-driver-own-tls" => {
+                let agent = find(&objs, "DaemonSet", "cro-node-agent");
+                let tpl = &agent["spec"]["template"];
+                assert_eq!(
+                    tpl["metadata"]["labels"]["app.kubernetes.io/name"],
+                    "cro-node-agent"
+                );
+                assert_eq!(
+                    tpl["spec"]["containers"][0]["securityContext"]["privileged"],
+                    true
+                );
+                assert_eq!(
+                    tpl["spec"]["containers"][0]["volumeMounts"][0]["mountPath"],
+                    "/host-root"
+                );
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(rules.contains("resourceslices") && rules.contains("devicetaintrules"));
+                assert!(!objs.iter().any(|m| m.name == "cro-gpu-operator"));
+                assert!(!kinds(&objs).contains("Certificate"));
+                let vwc = find(
+                    &objs,
+                    "ValidatingWebhookConfiguration",
+                    "cro-validating-webhook",
+                );
+                assert!(vwc["webhooks"][0]["clientConfig"]["caBundle"].is_string());
+            }
+            "provider-spec-minimal" => {
+                assert_eq!(deploy["spec"]["replicas"], 1);
+                assert!(args.contains(&"--leader-elect=false"));
+                assert!(args.contains(&"--provider-spec=/etc/cro/provider/provider.yaml"));
+                find(&objs, "ConfigMap", "cro-provider");
+                for absent in [
+                    "ValidatingWebhookConfiguration",
+                    "NetworkPolicy",
+                    "PodDisruptionBudget",
+                ] {
+                    assert!(!kinds(&objs).contains(absent), "{absent}");
+                }
+                assert_eq!(env_value(manager, "CDI_PROVIDER_TYPE"), None);
+                assert!(args.contains(&"--metrics-secure=false"));
+                let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
+                assert!(!rules.contains("tokenreviews"));
+            }
+            other => panic!("unchecked value set {other}"),
+        }
+    }
+}
+
+#[test]
+fn chart_refuses_values_that_cannot_work() {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    for (set, namespace, why) in [
+        (
+            "nodeAgent.enabled=true",
+            "elsewhere",
+            "composable-resource-operator-system",
+        ),
+        ("provider.mode=nec", NS, "provider.mode"),
+        ("deviceResourceType=GPU", NS, "deviceResourceType"),
+        (
+            "webhook.certificates=secret",
+            NS,
+            "required with webhook.certificates=secret",
+        ),
+        ("provider.mode=spec", NS, "provider.spec"),
+    ] {
+        let err = helm(&[
+            "template",
+            "cro",
+            chart,
+            "--namespace",
+            namespace,
+            "--set",
+            set,
+        ])
+        .expect_err(set)
+        .to_string();
+        assert!(err.contains(why), "{set}: {err}");
+    }
+}
+
+#[test]
+fn chart_crds_are_the_generated_ones() {
+    let repo = Path::new(DEPLOY_DIR).join("../crds");
+    let mut names: Vec<_> = std::fs::read_dir(&repo)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2);
+    for name in names {
+        let ours = std::fs::read_to_string(repo.join(&name)).unwrap();
+        let chart = std::fs::read_to_string(chart().join("crds").join(&name))
+            .unwrap_or_else(|e| panic!("deploy/helm/cro/crds/{name:?}: {e}"));
+        assert_eq!(
+            chart, ours,
+            "deploy/helm/cro/crds/{name:?} differs from crds/: copy it over"
+        );
+    }
+}
+
+async fn harness() -> Harness {
+    HarnessBuilder::default()
+        .without_default_crds()
+        .crd(stand_in_crd(
+            "cert-manager.io",
+            "v1",
+            "Certificate",
+            "certificates",
+            true,
+        ))
+        .crd(stand_in_crd(
+            "cert-manager.io",
+            "v1",
+            "Issuer",
+            "issuers",
+            true,
+        ))
+        .crd(stand_in_crd(
+            "monitoring.coreos.com",
+            "v1",
+            "ServiceMonitor",
+            "servicemonitors",
+            true,
+        ))
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn create_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rendered_object_is_accepted_by_the_api_server() {
+    let harness = harness().await;
+    let client = harness.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The chart's CRDs are installed by helm from crds/, before the templates.
+    let chart = chart();
+    let with_crds = helm(&[
+        "template",
+        "cro",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NS,
+        "--include-crds",
+    ])
+    .unwrap();
+    let crds: Vec<_> = manifests::parse(&with_crds)
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.kind == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 2);
+    manifests::apply(&client, &crds, false).await.unwrap();
+    create_namespace(&client, "gpu-operator").await;
+    for (name, namespace, yaml) in value_sets() {
+        create_namespace(&client, namespace).await;
+        let objs = render(namespace, &values_file(dir.path(), name, &yaml));
+        let applied = manifests::apply(&client, &objs, true)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(applied.len(), objs.len(), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kustomize_tree_is_the_charts_rendering_and_is_accepted() {
+    let kustomize_dir = Path::new(DEPLOY_DIR).join("kustomize");
+    let fresh = tempfile::NamedTempFile::new().unwrap();
+    let status = std::process::Command::new("bash")
+        .arg(kustomize_dir.join("generate.sh"))
+        .arg(fresh.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let committed = std::fs::read_to_string(kustomize_dir.join("cro.yaml")).unwrap();
+    assert!(
+        std::fs::read_to_string(fresh.path()).unwrap() == committed,
+        "deploy/kustomize/cro.yaml is not the chart's rendering: run deploy/kustomize/generate.sh"
+    );
+
+    let kustomize = tools::locate(Tool::Kustomize).unwrap();
+    let built = tools::run(
+        &kustomize,
+        &["build", kustomize_dir.to_str().unwrap()],
+        &kustomize_dir,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let objs = manifests::parse(&built).unwrap();
+    // kustomize must hand the chart's objects over unchanged in identity (no object moved
+    // to another namespace or renamed), plus the Namespace.
+    let ids = |m: &[Manifest]| -> BTreeSet<String> { m.iter().map(Manifest::describe).collect() };
+    let mut expected = ids(&manifests::parse(&committed).unwrap());
+    expected.insert(format!("Namespace {NS}"));
+    assert_eq!(ids(&objs), expected);
+
+    let harness = harness().await;
+    let client = harness.client().unwrap();
+    create_namespace(&client, "gpu-operator").await;
+    let applied = manifests::apply(&client, &objs, true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(applied.len(), objs.len());
+}
