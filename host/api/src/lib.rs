@@ -1,7 +1,7 @@
 //! Custom resource types of the composable resource operator, `cro.hpsys.ibm.ie.com/v1alpha1`.
 //!
 //! The JSON field names, validation and well-known labels are those of the Go operator
-//! (SPEC §2), so manifests and objects written for it keep working. The CRDs committed in
+//! (docs/behaviour.md §2), so manifests and objects written for it keep working. The CRDs committed in
 //! `crds/` are generated from these types by `cargo run -p cro-api --bin crdgen`.
 
 mod crds;

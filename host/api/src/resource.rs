@@ -124,7 +124,7 @@ impl ComposableResource {
         resource
     }
 
-    /// A new resource whose only purpose is to detach a device nobody claims (SPEC §5).
+    /// A new resource whose only purpose is to detach a device nobody claims (docs/behaviour.md §5).
     pub fn for_orphan_device(spec: ComposableResourceSpec, device: &ReadyToDetach) -> Self {
         let mut labels = BTreeMap::from([(
             LABEL_READY_TO_DETACH_DEVICE_ID.to_owned(),
@@ -203,7 +203,7 @@ impl ComposableResource {
             .ok()
     }
 
-    /// The time the surplus ordering sorts by: last use, else creation (SPEC §3).
+    /// The time the surplus ordering sorts by: last use, else creation (docs/behaviour.md §3).
     pub fn last_used_or_created(&self) -> Option<Timestamp> {
         self.last_used_time()
             .or_else(|| self.metadata.creation_timestamp.as_ref().map(|t| t.0))

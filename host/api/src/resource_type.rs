@@ -38,7 +38,7 @@ impl ResourceType {
         }
     }
 
-    /// A fresh ComposableResource name, `<type>-<uuid v4>` in lower case (SPEC §2).
+    /// A fresh ComposableResource name, `<type>-<uuid v4>` in lower case (docs/behaviour.md §2).
     pub fn new_resource_name(self) -> String {
         format!("{}-{}", self.as_str(), uuid::Uuid::new_v4())
     }

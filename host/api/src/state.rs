@@ -127,7 +127,7 @@ macro_rules! string_state {
 }
 
 string_state! {
-    /// State of a ComposabilityRequest (SPEC §3).
+    /// State of a ComposabilityRequest (docs/behaviour.md §3).
     RequestState,
     "Lifecycle state: \"\", NodeAllocating, Updating, Running, Cleaning or Deleting." {
         /// Deciding which devices to keep and where new ones go.
@@ -144,7 +144,7 @@ string_state! {
 }
 
 string_state! {
-    /// State of a ComposableResource (SPEC §4).
+    /// State of a ComposableResource (docs/behaviour.md §4).
     ResourceState,
     "Lifecycle state: \"\", Attaching, Online, Detaching or Deleting." {
         /// Asking the fabric for a device and waiting until the node sees it.

@@ -1,6 +1,6 @@
 //! Names shared with the Go operator: API group, labels, annotations and the finalizer.
 //!
-//! They are part of the on-cluster contract (SPEC §2): objects written by the Go operator
+//! They are part of the on-cluster contract (docs/behaviour.md §2): objects written by the Go operator
 //! carry exactly these keys, so they must never change.
 
 /// API group of both kinds.

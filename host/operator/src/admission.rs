@@ -1,4 +1,4 @@
-//! Admission rules for ComposabilityRequest (SPEC §6), on create and update.
+//! Admission rules for ComposabilityRequest (docs/behaviour.md §6), on create and update.
 
 /// What the rules need to know of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]

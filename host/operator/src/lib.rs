@@ -1,4 +1,4 @@
-//! The operator: decisions of SPEC §3–§6 kept as plain functions over small views of the
+//! The operator: decisions of docs/behaviour.md §3–§6 kept as plain functions over small views of the
 //! cluster, so they are tested without an API server; the controllers map Kubernetes
 //! objects onto these views and carry the decisions out.
 //!
@@ -6,8 +6,8 @@
 //!   ComposableResources, mirroring their state, cleanup on deletion, node GC).
 //! - [`resource`]: the ComposableResource controller (attach, health checks, detach with
 //!   the drain sequence of [`nodeops`], node GC).
-//! - [`sync`]: devices the fabric holds that no resource claims (SPEC §5).
-//! - [`webhook`]: the validating admission webhook (SPEC §6) over TLS.
+//! - [`sync`]: devices the fabric holds that no resource claims (docs/behaviour.md §5).
+//! - [`webhook`]: the validating admission webhook (docs/behaviour.md §6) over TLS.
 //! - [`conditions`]: the Ready condition of both kinds, written after every reconciliation.
 //! - [`leader`], [`probes`], [`metrics`], [`config`]: plumbing; [`run()`] starts it all.
 //!

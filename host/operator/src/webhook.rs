@@ -1,4 +1,4 @@
-//! The validating admission webhook of ComposabilityRequest (SPEC §6), over TLS.
+//! The validating admission webhook of ComposabilityRequest (docs/behaviour.md §6), over TLS.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -209,29 +209,9 @@ async fn the_whole_flow_runs_under_the_charts_rbac() {
         "{denied:?}"
     );
 
-    // The GPU operator's device plugin daemonset, fully rolled out, so it gets restarted.
+    // The simulated GPU operator runs the device plugin daemonset (rolled out, so a GPU
+    // change restarts it): the restart is a patch under the chart's namespaced Role.
     let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), common::GPU_NS);
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "nvidia-device-plugin-daemonset"},
-        "spec": {"selector": {"matchLabels": {"app": "dp"}},
-            "template": {"metadata": {"labels": {"app": "dp"}},
-                "spec": {"containers": [{"name": "dp", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17"}]}}},
-    }))
-    .unwrap();
-    daemonsets
-        .create(&PostParams::default(), &ds)
-        .await
-        .unwrap();
-    daemonsets
-        .patch_status(
-            "nvidia-device-plugin-daemonset",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"desiredNumberScheduled": 1, "numberReady": 1,
-                "updatedNumberScheduled": 1, "currentNumberScheduled": 1, "numberMisscheduled": 0}})),
-        )
-        .await
-        .unwrap();
 
     // The provider reads its Secret and looks Nodes up with the same account.
     let ca = tempfile::NamedTempFile::new().unwrap();

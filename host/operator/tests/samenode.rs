@@ -1,4 +1,4 @@
-//! A samenode request end to end: attach, grow, shrink (SPEC §3 priority), delete.
+//! A samenode request end to end: attach, grow, shrink (docs/behaviour.md §3 priority), delete.
 
 mod common;
 
@@ -58,7 +58,7 @@ async fn samenode_request_attaches_grows_shrinks_and_detaches_on_delete() {
     assert!(grown.iter().all(|r| r.spec.target_node == "worker-1"));
     assert_eq!(env.gpus_on(&m1).len(), 3);
 
-    // Shrink to 1. SPEC §3: a device annotated delete-device goes first, then Online ones
+    // Shrink to 1. docs/behaviour.md §3: a device annotated delete-device goes first, then Online ones
     // oldest first by last-used time; the most recently used one stays.
     let mut by_age: Vec<String> = names(&grown);
     by_age.sort();

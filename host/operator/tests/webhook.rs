@@ -1,4 +1,4 @@
-//! The validating webhook (SPEC §6) registered with the real API server, and the probe
+//! The validating webhook (docs/behaviour.md §6) registered with the real API server, and the probe
 //! endpoints.
 
 mod common;

@@ -27,6 +27,7 @@ pub mod jwt;
 mod lenient;
 pub mod machine;
 pub mod model;
+mod reply;
 pub mod token;
 
 #[cfg(target_arch = "wasm32")]

@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::encode;
-use crate::fabric::{fabric_error, http_failure};
 use crate::host::{Host, HttpRequest, LogLevel, Method, SecretError, unix_now};
 use crate::jwt;
 use crate::model::ProviderError;
+use crate::reply::{body_text, fabric_error, http_failure};
 
 /// Renew this many seconds before the token's `exp`.
 pub const RENEW_BEFORE_SECS: u64 = 30;
@@ -122,7 +122,7 @@ pub fn fetch<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<Token, Provider
     if reply.status == 401 {
         return Err(ProviderError::Config(format!(
             "credentials rejected by the identity manager (HTTP 401): {}",
-            crate::fabric::body_text(&reply.body)
+            body_text(&reply.body)
         )));
     }
     if reply.status != 200 {

@@ -19,7 +19,7 @@
 //! after a failed call, even one that certainly attached nothing; the next attempt then
 //! looks first, which costs one device listing and finds nothing.
 //!
-//! See docs/differences-fabric.md (the Go operator asked the fabric again).
+//! See docs/differences-from-go.md, "Fabric path" (the Go operator asked the fabric again).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::LazyLock;
