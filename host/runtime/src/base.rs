@@ -100,7 +100,7 @@ pub(crate) fn escape_line(text: &str, max: usize) -> String {
     let kept = clip(text, max);
     let mut out = String::with_capacity(kept.len() + 16);
     for c in kept.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+        if needs_escape(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -110,6 +110,12 @@ pub(crate) fn escape_line(text: &str, max: usize) -> String {
         out.push_str(&format!("… [{} more bytes cut]", text.len() - kept.len()));
     }
     out
+}
+
+/// Characters that would break a log line apart (or look like they do): control
+/// characters and the Unicode line and paragraph separators.
+pub(crate) fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
 /// A guest string quoted inside a host message (a denial, an invalid name).

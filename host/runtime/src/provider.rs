@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::base::{DeadlineExceeded, clip, error_chain, escape_line};
+use crate::base::{DeadlineExceeded, clip, error_chain, escape_line, needs_escape};
 use crate::bindings::ProviderWorldPre;
 use crate::bindings::cro::provider::types as wit;
 use crate::bindings::exports::cro::provider::provider::Guest;
@@ -392,8 +392,25 @@ impl Clipper<'_> {
         text
     }
 
-    /// The last `max` bytes (a panic message comes last on stderr).
+    /// Provider prose (error and progress messages): control characters escaped, then
+    /// clipped. It ends up in the operator's log lines and `status.error`, where a guest's
+    /// `\n` must not start a forged line of its own. Ids are clipped only ([`Self::s`]):
+    /// escaping would change them.
+    fn prose(&self, text: String) -> String {
+        if text.chars().any(needs_escape) {
+            self.s(escape_line(&text, text.len()))
+        } else {
+            self.s(text)
+        }
+    }
+
+    /// The last `max` bytes (a panic message comes last on stderr), escaped like prose.
     fn tail(&self, text: String) -> String {
+        let text = if text.chars().any(needs_escape) {
+            escape_line(&text, text.len())
+        } else {
+            text
+        };
         if text.len() <= self.max {
             return text;
         }
@@ -410,28 +427,28 @@ impl Clipper<'_> {
         match e {
             P::Fabric(f) => P::Fabric(FabricError {
                 status: f.status,
-                code: self.s(f.code),
-                message: self.s(f.message),
+                code: self.prose(f.code),
+                message: self.prose(f.message),
             }),
-            P::MalformedReply(m) => P::MalformedReply(self.s(m)),
-            P::NotFound(m) => P::NotFound(self.s(m)),
-            P::Warning(m) => P::Warning(self.s(m)),
-            P::Critical(m) => P::Critical(self.s(m)),
-            P::Denied(m) => P::Denied(self.s(m)),
-            P::Config(m) => P::Config(self.s(m)),
-            P::Unavailable(m) => P::Unavailable(self.s(m)),
-            P::NoCapacity(m) => P::NoCapacity(self.s(m)),
-            P::Other(m) => P::Other(self.s(m)),
+            P::MalformedReply(m) => P::MalformedReply(self.prose(m)),
+            P::NotFound(m) => P::NotFound(self.prose(m)),
+            P::Warning(m) => P::Warning(self.prose(m)),
+            P::Critical(m) => P::Critical(self.prose(m)),
+            P::Denied(m) => P::Denied(self.prose(m)),
+            P::Config(m) => P::Config(self.prose(m)),
+            P::Unavailable(m) => P::Unavailable(self.prose(m)),
+            P::NoCapacity(m) => P::NoCapacity(self.prose(m)),
+            P::Other(m) => P::Other(self.prose(m)),
         }
     }
 
     fn call_error(&self, e: CallError) -> CallError {
         match e {
             CallError::Trap { message, stderr } => CallError::Trap {
-                message: self.s(message),
+                message: self.prose(message),
                 stderr: self.tail(stderr),
             },
-            CallError::Instantiate(m) => CallError::Instantiate(self.s(m)),
+            CallError::Instantiate(m) => CallError::Instantiate(self.prose(m)),
             other => other,
         }
     }
@@ -442,14 +459,14 @@ impl Clipper<'_> {
                 device_id: self.s(d.device_id),
                 fabric_device_id: self.s(d.fabric_device_id),
             }),
-            AddOutcome::InProgress(m) => AddOutcome::InProgress(self.s(m)),
+            AddOutcome::InProgress(m) => AddOutcome::InProgress(self.prose(m)),
         }
     }
 
     fn remove_outcome(&self, o: RemoveOutcome) -> RemoveOutcome {
         match o {
             RemoveOutcome::Removed => RemoveOutcome::Removed,
-            RemoveOutcome::InProgress(m) => RemoveOutcome::InProgress(self.s(m)),
+            RemoveOutcome::InProgress(m) => RemoveOutcome::InProgress(self.prose(m)),
         }
     }
 

@@ -352,3 +352,35 @@ async fn components_larger_than_a_pool_slot_are_refused_at_load() {
     };
     beside_a_good_provider(refusals).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_text_cannot_forge_a_line_in_the_operators_logs() {
+    // An error message and a panic with line breaks in them: both end up in the
+    // operator's own log lines and in `status.error`, so they arrive escaped.
+    let p = load(&tight(spec("no such mode\nERROR forged line", &[]))).await;
+    let out = p.add_resource(&gpu("a")).await;
+    let Err(CallError::Provider(cro_runtime::ProviderError::Config(m))) = &out else {
+        panic!("{out:?}")
+    };
+    assert!(
+        !m.contains('\n') && m.contains("no such mode\\nERROR forged line"),
+        "{m}"
+    );
+
+    let p = load(&tight(spec(
+        "trap",
+        &[("message", "boom\nERROR forged\u{2028}line")],
+    )))
+    .await;
+    let err = p.add_resource(&gpu("a")).await.unwrap_err();
+    assert!(matches!(err, CallError::Trap { .. }), "{err:?}");
+    let shown = err.to_string();
+    assert!(
+        !shown.contains(['\n', '\r', '\u{2028}']),
+        "a raw line break reached the host: {shown:?}"
+    );
+    assert!(
+        shown.contains("boom\\nERROR forged\\u{2028}line"),
+        "{shown}"
+    );
+}
