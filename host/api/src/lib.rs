@@ -13,6 +13,7 @@ mod schema;
 mod state;
 mod well_known;
 
+pub use schema::{MODEL_IMMUTABLE, TYPE_IMMUTABLE};
 pub use crds::{CrdError, CrdFile, REGENERATE_COMMAND, crd_files, crds};
 pub use object_ext::CroObjectExt;
 pub use request::{

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::resource_type::ResourceType;
-use crate::schema::{conditions_list, drop_default, is_false, is_zero};
+use crate::schema::{conditions_list, drop_default, immutable_type_and_model, is_false, is_zero};
 use crate::state::{RequestState, ResourceState};
 
 /// Desired state of a ComposabilityRequest: the devices requested.
@@ -54,7 +54,10 @@ use crate::state::{RequestState, ResourceState};
     )
 )]
 pub struct ComposabilityRequestSpec {
-    /// The devices requested.
+    /// The devices requested. `type` and `model` cannot change once the request exists:
+    /// a change would detach every device and attach others in their place (delete the
+    /// request and create a new one instead).
+    #[schemars(transform = immutable_type_and_model)]
     pub resource: ScalarResourceDetails,
 }
 

@@ -29,3 +29,23 @@ pub(crate) fn conditions_list(schema: &mut Schema) {
     schema.insert("x-kubernetes-list-type".into(), "map".into());
     schema.insert("x-kubernetes-list-map-keys".into(), vec!["type"].into());
 }
+
+/// Messages of the transition rules [`immutable_type_and_model`] adds (tests match them).
+pub const TYPE_IMMUTABLE: &str =
+    "type cannot change on an existing request: delete the request and create a new one";
+pub const MODEL_IMMUTABLE: &str =
+    "model cannot change on an existing request: delete the request and create a new one";
+
+/// Transition rules (`x-kubernetes-validations`, checked by the API server on update only)
+/// that keep `spec.resource.type` and `model` as created: changing either would detach
+/// every device of a live request and attach different ones. Creating is unaffected, so
+/// every manifest the Go operator's CRD accepted is still accepted.
+pub(crate) fn immutable_type_and_model(schema: &mut Schema) {
+    schema.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([
+            {"rule": "self.type == oldSelf.type", "message": TYPE_IMMUTABLE},
+            {"rule": "self.model == oldSelf.model", "message": MODEL_IMMUTABLE},
+        ]),
+    );
+}

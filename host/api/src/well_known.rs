@@ -26,3 +26,14 @@ pub const ANNOTATION_DELETE_DEVICE_TRUE: &str = "true";
 
 /// Finalizer the operator keeps on both kinds until their devices are released.
 pub const FINALIZER: &str = "com.ie.ibm.hpsys/finalizer";
+
+// cro's own keys (the Go operator neither writes nor reads them; its CRD accepts them,
+// since annotations are free-form).
+
+/// Annotation on a ComposableResource: what named its node's fabric machine when the
+/// device was attached (JSON: the Node's `providerID` and `machine.openshift.io/machine`),
+/// so that the device can be detached after the Node is deleted.
+pub const ANNOTATION_NODE_MACHINE: &str = "cro.hpsys.ibm.ie.com/node-machine";
+/// Annotation an administrator sets on a ComposableResource whose node cannot run
+/// commands: `true` makes its detach skip every node step and only detach on the fabric.
+pub const ANNOTATION_SKIP_NODE_STEPS: &str = "cro.hpsys.ibm.ie.com/skip-node-steps";

@@ -25,6 +25,13 @@ impl RequestSummary {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// Checked when a request is created or its target changes: a request whose target
+    /// node does not exist is deleted by the operator (the Go behaviour, docs/behaviour.md
+    /// §3), so a typo must not get that far.
+    #[error(
+        "target_node {0} is not a Node of this cluster (check the name with `kubectl get nodes`)"
+    )]
+    UnknownTargetNode(String),
     #[error("allocation_policy differentnode cannot be used with target_node {0}")]
     DifferentNodeWithTarget(String),
     #[error(
@@ -44,6 +51,16 @@ pub enum Refusal {
         model: String,
         node: String,
     },
+}
+
+/// The target node a create or update must prove to exist: set, and new or changed
+/// (an unchanged target that disappeared later keeps the Go behaviour).
+pub fn target_to_check<'a>(new: Option<&'a str>, old: Option<Option<&str>>) -> Option<&'a str> {
+    let new = new.filter(|n| !n.is_empty())?;
+    match old {
+        Some(old) if old == Some(new) => None,
+        _ => Some(new),
+    }
 }
 
 /// Checks `request` against every other request in the cluster (`others` may contain
@@ -179,5 +196,23 @@ mod tests {
         let err = validate(&req("second", "A100", false, Some("n1"), None), &existing).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("first") && text.contains("n1"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod target_tests {
+    use super::target_to_check;
+
+    #[test]
+    fn only_a_new_or_changed_target_is_checked() {
+        // create
+        assert_eq!(target_to_check(Some("n1"), None), Some("n1"));
+        assert_eq!(target_to_check(None, None), None);
+        assert_eq!(target_to_check(Some(""), None), None);
+        // update: unchanged targets keep the Go behaviour when their node goes later
+        assert_eq!(target_to_check(Some("n1"), Some(Some("n1"))), None);
+        assert_eq!(target_to_check(Some("n2"), Some(Some("n1"))), Some("n2"));
+        assert_eq!(target_to_check(Some("n2"), Some(None)), Some("n2"));
+        assert_eq!(target_to_check(None, Some(Some("n1"))), None);
     }
 }

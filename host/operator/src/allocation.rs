@@ -136,9 +136,11 @@ pub fn plan(
 
     let (mut candidates, mut mismatched): (Vec<&ResourceView>, Vec<&ResourceView>) =
         live.into_iter().partition(|r| {
+            // force_detach is not compared (the Go operator did): the request controller
+            // copies it onto the resources instead, so that turning it on to unstick a
+            // detach does not replace every device (docs/differences-from-go.md).
             r.device_type == request.device_type
                 && r.model == request.model
-                && r.force_detach == request.force_detach
                 && request
                     .target_node
                     .as_ref()
@@ -496,14 +498,17 @@ mod tests {
         forced.force_detach = true;
         let existing = [other_model, forced, res("ok", "n2", DeviceState::Online, 1)];
         let p = plan(
-            &request(2, Policy::SameNode),
+            &request(3, Policy::SameNode),
             &existing,
             &nodes3(),
             &BTreeSet::new(),
         )
         .unwrap();
-        assert_eq!(p.keep, vec!["ok"]);
-        assert_eq!(p.drop.len(), 2);
+        // A different force_detach alone is no reason to replace a device.
+        let mut keep = p.keep.clone();
+        keep.sort();
+        assert_eq!(keep, vec!["forced", "ok"]);
+        assert_eq!(p.drop, vec!["old-model"]);
         assert_eq!(p.create, vec!["n2"]);
     }
 

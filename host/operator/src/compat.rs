@@ -23,6 +23,24 @@ pub const CREDENTIAL_KEYS: [&str; 5] = [
     "client_secret",
     "realm",
 ];
+/// The config keys the shipped FTI component reads (providers/fti/src/config.rs): what
+/// the start-up check compares a spec's `config` with in the Go environment, until
+/// providers describe their own keys.
+pub const FTI_CONFIG_KEYS: [&str; 11] = [
+    "api_type",
+    "endpoint",
+    "tenant_id",
+    "cluster_id",
+    "username_key",
+    "password_key",
+    "client_id_key",
+    "client_secret_key",
+    "realm_key",
+    "timeout_ms",
+    "no_capacity_codes",
+];
+/// The variable that says where the FTI component is in the Go environment.
+pub const FTI_COMPONENT_VAR: &str = "CRO_FTI_COMPONENT";
 /// Where the container image puts the shipped FTI component; `CRO_FTI_COMPONENT` overrides.
 pub const DEFAULT_FTI_COMPONENT: &str = "/opt/cro/providers/fti_provider.wasm";
 /// How long the Go operator's HTTP client waited for one fabric request: a slow but

@@ -15,6 +15,14 @@ use crate::patch::ReportPatch;
 /// The condition type this module maintains.
 pub const READY: &str = "Ready";
 
+/// Ready=False reasons of an Online resource whose health check failed
+/// (docs/troubleshooting.md): the fabric no longer reports the device, or reports it
+/// critical. The state stays `Online`, as the Go operator left it.
+pub const DEVICE_MISSING: &str = "DeviceMissing";
+pub const DEVICE_CRITICAL: &str = "DeviceCritical";
+/// Ready=False reason of a Running request some of whose resources are not Ready.
+pub const DEVICES_NOT_READY: &str = "DevicesNotReady";
+
 /// Longest message the API server accepts in a condition.
 const MAX_MESSAGE: usize = 32768;
 
@@ -136,7 +144,9 @@ pub fn request_readiness(state: &RequestState, error: &str, devices: usize) -> R
     }
 }
 
-/// Ready while Online; a health warning while Online only shows in the message.
+/// Ready while Online; a health warning while Online only shows in the message. (A
+/// device the fabric lost or reports critical is not Ready: the health check says so
+/// through [`report_patch`]'s `not_ready`, see [`DEVICE_MISSING`].)
 pub fn resource_readiness(
     state: &ResourceState,
     error: &str,
@@ -207,14 +217,35 @@ pub fn with_ready(
 
 /// The status patch that records `error` and the Ready condition it implies on `obj`, or
 /// `None` when both are already there.
-pub fn report_patch<K: Reported>(obj: &K, error: &str, now: Timestamp) -> Option<ReportPatch> {
+///
+/// `not_ready` overrides what state and error imply: the reconciliation found the object
+/// not Ready for a reason of its own (a device the fabric lost, a request whose devices
+/// are not all Ready), with `error` as the message.
+pub fn report_patch<K: Reported>(
+    obj: &K,
+    error: &str,
+    not_ready: Option<&'static str>,
+    now: Timestamp,
+) -> Option<ReportPatch> {
     // Provider text ends up here: clip it like the condition's message.
     let error = crate::text::clip(error, MAX_MESSAGE);
+    let readiness = match not_ready {
+        Some(reason) => Readiness {
+            ready: false,
+            reason,
+            message: if error.is_empty() {
+                reason.to_owned()
+            } else {
+                error.to_owned()
+            },
+        },
+        None => obj.readiness(error),
+    };
     let patch = ReportPatch {
         error: (obj.status_error() != error).then(|| error.to_owned()),
         conditions: with_ready(
             obj.conditions(),
-            &obj.readiness(error),
+            &readiness,
             obj.meta().generation,
             now,
         ),
@@ -229,7 +260,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn report(obj: &impl Reported, error: &str, now: Timestamp) -> Option<Value> {
-        report_patch(obj, error, now).map(|p| serde_json::to_value(p).unwrap())
+        report_patch(obj, error, None, now).map(|p| serde_json::to_value(p).unwrap())
     }
 
     fn at(s: &str) -> Timestamp {

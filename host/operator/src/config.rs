@@ -23,11 +23,21 @@ pub enum ConfigError {
     BadMode(String),
     #[error("bad duration {0:?}: use a number with ms, s, m or h (e.g. 30s, 10m)")]
     BadDuration(String),
+    #[error("duration {0:?} has no unit: write {0}s for seconds (or {0}ms, {0}m, {0}h)")]
+    NoUnit(String),
+    /// A setting's value was refused; names the flag and its environment variable.
+    #[error("{setting}: {source}")]
+    Setting {
+        setting: &'static str,
+        source: Box<ConfigError>,
+    },
     #[error("{0}")]
     Invalid(String),
 }
 
-/// Parses `250ms`, `30s`, `10m`, `1h` or a bare number of seconds.
+/// Parses `250ms`, `30s`, `10m` or `1h`. A bare number is refused (`0` aside): whether
+/// `--sync-period 20` meant seconds or minutes is the reader's guess, as in Go's
+/// `time.ParseDuration`.
 pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     let t = text.trim();
     let bad = || ConfigError::BadDuration(text.to_owned());
@@ -35,13 +45,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     let (number, unit) = t.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
     let d = match unit.trim() {
-        "" | "s" => Duration::from_secs(n),
+        "" if n == 0 => Duration::ZERO,
+        "" => return Err(ConfigError::NoUnit(t.to_owned())),
+        "s" => Duration::from_secs(n),
         "ms" => Duration::from_millis(n),
         "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
         "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
     Ok(d)
+}
+
+const SYNC_PERIOD: &str = "--sync-period (CRO_SYNC_PERIOD)";
+const ORPHAN_GRACE_PERIOD: &str = "--orphan-grace-period (CRO_ORPHAN_GRACE_PERIOD)";
+const HEALTH_CHECK_PERIOD: &str = "--health-check-period (CRO_HEALTH_CHECK_PERIOD)";
+const POLL_INTERVAL: &str = "--poll-interval (CRO_POLL_INTERVAL)";
+const MAX_BACKOFF: &str = "--max-backoff (CRO_MAX_BACKOFF)";
+const CA_VALIDITY: &str = "--webhook-ca-validity (CRO_WEBHOOK_CA_VALIDITY)";
+const CERT_VALIDITY: &str = "--webhook-cert-validity (CRO_WEBHOOK_CERT_VALIDITY)";
+
+/// [`parse_duration`] of one setting; an error names the setting.
+fn setting_duration(text: &str, setting: &'static str) -> Result<Duration, ConfigError> {
+    parse_duration(text).map_err(|e| ConfigError::Setting {
+        setting,
+        source: Box::new(e),
+    })
 }
 
 pub fn parse_mode(text: &str) -> Result<ExposureMode, ConfigError> {
@@ -160,6 +188,9 @@ pub struct OperatorConfig {
     /// Whether the upstream sync also releases CXL memory no resource holds (the Go
     /// operator released only GPUs; docs/differences-from-go.md).
     pub release_orphan_cxl_memory: bool,
+    /// The Secret the provider spec grants: credential failures name it
+    /// (crate::credentials). Set when the provider is loaded.
+    pub credentials: Option<crate::credentials::SecretRef>,
 }
 
 impl OperatorConfig {
@@ -177,12 +208,34 @@ impl OperatorConfig {
             controller_name: "cro-operator".to_owned(),
             namespace: DEFAULT_NAMESPACE.to_owned(),
             release_orphan_cxl_memory: false,
+            credentials: None,
         }
     }
 }
 
+/// Environment variables `cro run` reads besides the flags' own (listed in its help).
+pub const RUN_ENVIRONMENT_HELP: &str = "\
+Environment variables besides the flags' own:
+  RUST_LOG                   log filter (default: info), e.g. cro_operator=debug,kube=warn
+  CRO_LOG_FORMAT             json: one JSON object per line; otherwise text
+  NO_COLOR                   set: no colour codes even on a terminal (never when not a terminal)
+  POD_NAME                   this replica's name in the leader Lease and in Events
+  HOSTNAME                   the Lease identity when POD_NAME is not set
+The Go operator's environment (when --provider-spec / CRO_PROVIDER_SPEC is not set):
+  CDI_PROVIDER_TYPE          FTI_CDI runs the shipped FTI component
+  FTI_CDI_API_TYPE           FM (default) or CM
+  FTI_CDI_ENDPOINT           the fabric manager, host:port/ (HTTPS implied) or a URL
+  FTI_CDI_TENANT_ID          the fabric tenant
+  FTI_CDI_CLUSTER_ID         the CM cluster (required with CM)
+  CRO_FTI_COMPONENT          the FTI component file (default /opt/cro/providers/fti_provider.wasm)
+  CRO_FTI_CA_FILE            PEM CA the fabric's HTTPS certificate is checked against
+  CRO_FTI_CALL_TIMEOUT       deadline of one provider call (default 240s)
+  CRO_CREDENTIALS_NAMESPACE  namespace of the Secret `credentials` (default composable-resource-operator-system)
+Durations take a unit: 250ms, 30s, 10m, 1h.";
+
 /// `cro run`'s flags; every flag can also come from the environment variable named.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = RUN_ENVIRONMENT_HELP)]
 pub struct RunArgs {
     /// How GPUs are exposed to pods: DEVICE_PLUGIN or DRA.
     #[arg(long, env = "DEVICE_RESOURCE_TYPE", default_value = "DEVICE_PLUGIN")]
@@ -302,11 +355,13 @@ impl RunArgs {
         config.gpu_operator_namespace = self.gpu_operator_namespace;
         config.namespace = self.leader_election_namespace.clone();
         config.release_orphan_cxl_memory = self.release_orphan_cxl_memory;
-        config.timings.sync_period = parse_duration(&self.sync_period)?;
-        config.timings.orphan_grace = parse_duration(&self.orphan_grace_period)?;
-        config.timings.health_period = parse_duration(&self.health_check_period)?;
-        config.timings.poll_interval = parse_duration(&self.poll_interval)?;
-        config.timings.backoff_max = parse_duration(&self.max_backoff)?;
+        config.timings.sync_period = setting_duration(&self.sync_period, SYNC_PERIOD)?;
+        config.timings.orphan_grace =
+            setting_duration(&self.orphan_grace_period, ORPHAN_GRACE_PERIOD)?;
+        config.timings.health_period =
+            setting_duration(&self.health_check_period, HEALTH_CHECK_PERIOD)?;
+        config.timings.poll_interval = setting_duration(&self.poll_interval, POLL_INTERVAL)?;
+        config.timings.backoff_max = setting_duration(&self.max_backoff, MAX_BACKOFF)?;
         for (name, d) in [
             ("sync period", config.timings.sync_period),
             ("health check period", config.timings.health_period),
@@ -367,8 +422,11 @@ impl RunArgs {
                 let ns = &self.leader_election_namespace;
                 let svc = &self.webhook_service;
                 let policy = CertPolicy {
-                    ca_validity: parse_duration(&self.webhook_ca_validity)?,
-                    serving_validity: parse_duration(&self.webhook_cert_validity)?,
+                    ca_validity: setting_duration(&self.webhook_ca_validity, CA_VALIDITY)?,
+                    serving_validity: setting_duration(
+                        &self.webhook_cert_validity,
+                        CERT_VALIDITY,
+                    )?,
                     ..CertPolicy::default()
                 };
                 if policy.serving_validity < Duration::from_secs(3600)
@@ -436,12 +494,29 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(
+            parse_duration("30").unwrap_err(),
+            ConfigError::NoUnit("30".into())
+        );
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert_eq!(parse_duration(" 2h ").unwrap(), Duration::from_secs(7200));
         for bad in ["", "s", "10x", "-1s", "1.5s", "99999999999999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_duration_without_unit_is_refused_naming_the_setting() {
+        let cli = Cli::parse_from(["cro", "--sync-period", "20"]);
+        let e = cli.run.into_config().unwrap_err().to_string();
+        assert!(
+            e.contains("--sync-period (CRO_SYNC_PERIOD)") && e.contains("write 20s"),
+            "{e}"
+        );
+        let cli = Cli::parse_from(["cro", "--max-backoff", "5"]);
+        let e = cli.run.into_config().unwrap_err().to_string();
+        assert!(e.contains("CRO_MAX_BACKOFF"), "{e}");
     }
 
     #[test]

@@ -120,7 +120,7 @@ impl Context {
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(object = ?regarding.name, reason, error = %e, "cannot publish event");
+            tracing::warn!(object = regarding.name.as_deref().unwrap_or("?"), reason, error = %crate::text::kube_error(&e), "cannot publish event");
         }
     }
 }

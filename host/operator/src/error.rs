@@ -8,7 +8,7 @@ use crate::provider::{Operation, ProviderCallError};
 /// Why one reconciliation did not finish. Its text is what users see in `status.error`.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API: {}", crate::text::kube_error(.0))]
     Kube(#[from] kube::Error),
     #[error(transparent)]
     NodeOps(#[from] NodeOpsError),
@@ -67,7 +67,7 @@ impl ReconcileError {
 pub enum OperatorError {
     #[error("configuration: {0}")]
     Config(String),
-    #[error("kubernetes client: {0}")]
+    #[error("kubernetes client: {}", crate::text::kube_error(.0))]
     Kube(#[from] kube::Error),
     #[error("provider: {0}")]
     Provider(String),

@@ -47,6 +47,31 @@ impl LeaderElector {
         &self.config.identity
     }
 
+    /// Who held the Lease when it was last read (None: nobody, or not read yet).
+    pub fn holder(&self) -> Option<&str> {
+        self.observed
+            .as_ref()
+            .map(|(r, _)| r.holder.as_str())
+            .filter(|h| !h.is_empty())
+    }
+
+    /// A failure to read or write the Lease, in words; a missing namespace says which
+    /// setting names it.
+    pub fn describe_error(&self, e: &kube::Error) -> String {
+        match e {
+            kube::Error::Api(s) if s.code == 404 && s.message.contains("namespaces") => format!(
+                "the Lease's namespace {} does not exist: create it, or set --leader-election-namespace (POD_NAMESPACE)",
+                self.config.namespace
+            ),
+            other => format!(
+                "Lease {}/{}: {}",
+                self.config.namespace,
+                self.config.lease_name,
+                crate::text::kube_error(other)
+            ),
+        }
+    }
+
     /// One attempt: true when this instance holds the Lease afterwards.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
@@ -148,6 +173,54 @@ impl LeaderElector {
     }
 }
 
+/// The longest wait between two attempts while the Lease cannot be read or written.
+const MAX_FAILING_DELAY: Duration = Duration::from_secs(60);
+/// While the same failure repeats, it is logged again at most this often.
+const REPEAT_WARNING: Duration = Duration::from_secs(300);
+
+/// What a replica waiting for the Lease has said: one line on becoming standby (and on
+/// a new leader), one warning per new failure (repeated every [`REPEAT_WARNING`]), and
+/// attempts spaced out while the same failure repeats.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    leader: Option<String>,
+    failure: Option<(String, Instant, u32)>,
+}
+
+impl Waiting {
+    /// Another replica leads: true when that is news worth a line.
+    pub fn standby(&mut self, holder: &str) -> bool {
+        self.failure = None;
+        let news = self.leader.as_deref() != Some(holder);
+        self.leader = Some(holder.to_owned());
+        news
+    }
+
+    /// A failed attempt: how long to wait before the next, and whether to warn.
+    pub fn failed(&mut self, text: &str, base: Duration) -> (Duration, bool) {
+        self.leader = None;
+        let now = Instant::now();
+        let (say, repeats) = match &mut self.failure {
+            Some((last, said_at, n)) if last == text => {
+                *n = n.saturating_add(1);
+                let again = said_at.elapsed() >= REPEAT_WARNING;
+                if again {
+                    *said_at = now;
+                }
+                (again, *n)
+            }
+            _ => {
+                self.failure = Some((text.to_owned(), now, 0));
+                (true, 0)
+            }
+        };
+        let delay = base
+            .saturating_mul(2u32.saturating_pow(repeats.min(16)))
+            .min(MAX_FAILING_DELAY.max(base));
+        (delay, say)
+    }
+}
+
 /// Held leadership: renewed in the background until released or lost.
 pub struct Leadership {
     lost: watch::Receiver<bool>,
@@ -191,16 +264,34 @@ pub async fn acquire(
     let renew_period = config.renew_period;
     // Give up leading a while before others may take over, as client-go's renew deadline.
     let renew_deadline = config.lease_duration.mul_f64(2.0 / 3.0);
+    let lease = format!("{}/{}", config.namespace, config.lease_name);
     let mut elector = LeaderElector::new(client, config);
+    let mut waiting = Waiting::default();
     loop {
-        match elector.try_acquire_or_renew().await {
+        let delay = match elector.try_acquire_or_renew().await {
             Ok(true) => break,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "leader election: cannot read or write the Lease"),
-        }
-        tokio::time::sleep(renew_period).await;
+            Ok(false) => {
+                let holder = elector.holder().unwrap_or("another instance").to_owned();
+                if waiting.standby(&holder) {
+                    tracing::info!(identity = elector.identity(), leader = %holder, lease = %lease,
+                        "standby: another replica leads; waiting for the Lease");
+                }
+                renew_period
+            }
+            Err(e) => {
+                let text = elector.describe_error(&e);
+                let (delay, say) = waiting.failed(&text, renew_period);
+                if say {
+                    tracing::warn!(error = %text, retry_in = ?delay, "leader election: cannot read or write the Lease");
+                } else {
+                    tracing::debug!(error = %text, "leader election: still failing");
+                }
+                delay
+            }
+        };
+        tokio::time::sleep(delay).await;
     }
-    tracing::info!(identity = elector.identity(), "became the leader");
+    tracing::info!(identity = elector.identity(), lease = %lease, "became the leader");
     on_change(true);
     let (lost_tx, lost) = watch::channel(false);
     let (stop, mut stopped) = oneshot::channel::<()>();
@@ -210,7 +301,7 @@ pub async fn acquire(
             tokio::select! {
                 _ = &mut stopped => {
                     if let Err(e) = elector.release().await {
-                        tracing::warn!(error = %e, "leader election: cannot release the Lease");
+                        tracing::warn!(error = %elector.describe_error(&e), "leader election: cannot release the Lease");
                     }
                     on_change(false);
                     return;
@@ -227,10 +318,10 @@ pub async fn acquire(
                     break;
                 }
                 Err(e) if last_renewal.elapsed() < renew_deadline => {
-                    tracing::warn!(error = %e, "leader election: renewal failed; retrying");
+                    tracing::warn!(error = %elector.describe_error(&e), "leader election: renewal failed; retrying");
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "leader election: could not renew the Lease in time");
+                    tracing::error!(error = %elector.describe_error(&e), "leader election: could not renew the Lease in time");
                     break;
                 }
             }
@@ -243,4 +334,34 @@ pub async fn acquire(
         stop: Some(stop),
         task,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_failure_is_said_once_and_waited_out_longer() {
+        let mut w = Waiting::default();
+        let base = Duration::from_secs(5);
+        assert_eq!(w.failed("no namespace", base), (base, true));
+        assert_eq!(w.failed("no namespace", base), (base * 2, false));
+        assert_eq!(w.failed("no namespace", base), (base * 4, false));
+        for _ in 0..10 {
+            w.failed("no namespace", base);
+        }
+        assert_eq!(w.failed("no namespace", base).0, MAX_FAILING_DELAY);
+        // A different failure is news.
+        assert_eq!(w.failed("forbidden", base), (base, true));
+    }
+
+    #[test]
+    fn standby_is_said_once_per_leader() {
+        let mut w = Waiting::default();
+        assert!(w.standby("a"));
+        assert!(!w.standby("a"));
+        assert!(w.standby("b"));
+        w.failed("x", Duration::from_secs(1));
+        assert!(w.standby("b"));
+    }
 }

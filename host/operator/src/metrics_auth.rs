@@ -41,7 +41,7 @@ impl MetricsAuth {
             .filter(|t| !t.is_empty())
             .ok_or((StatusCode::UNAUTHORIZED, "a bearer token is required"))?;
         let unavailable = |e: kube::Error| {
-            tracing::warn!(error = %e, "metrics authorization: the API server did not answer");
+            tracing::warn!(error = %crate::text::kube_error(&e), "metrics authorization: the API server did not answer");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "cannot check the token now",

@@ -28,6 +28,9 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(100);
 pub struct Step {
     pub action: Action,
     pub error: String,
+    /// Not Ready for this reason whatever the state says (see
+    /// [`conditions::report_patch`]).
+    pub not_ready: Option<&'static str>,
 }
 
 impl Step {
@@ -35,6 +38,7 @@ impl Step {
         Self {
             action: Action::requeue(after),
             error: String::new(),
+            not_ready: None,
         }
     }
 
@@ -43,11 +47,17 @@ impl Step {
         Self {
             action: Action::await_change(),
             error: String::new(),
+            not_ready: None,
         }
     }
 
     pub fn with_error(mut self, error: impl Into<String>) -> Self {
         self.error = error.into();
+        self
+    }
+
+    pub fn not_ready(mut self, reason: Option<&'static str>) -> Self {
+        self.not_ready = reason;
         self
     }
 }
@@ -126,7 +136,7 @@ where
             // `latest` is the object as the reconciliation left it (None: deleted).
             if let Some(latest) = latest
                 && let Some(report) =
-                    conditions::report_patch(&latest, &step.error, Timestamp::now())
+                    conditions::report_patch(&latest, &step.error, step.not_ready, Timestamp::now())
             {
                 if !step.error.is_empty() && latest.status_error() != step.error {
                     ctx.event(
@@ -182,7 +192,7 @@ where
     let Some(fresh) = api.get_opt(name).await? else {
         return Ok(());
     };
-    let Some(report) = conditions::report_patch(&fresh, message, Timestamp::now()) else {
+    let Some(report) = conditions::report_patch(&fresh, message, None, Timestamp::now()) else {
         return Ok(());
     };
     match patch::status(api, &fresh, &report, false).await {

@@ -21,7 +21,9 @@ use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::probes::{ProbeServer, Readiness};
 use crate::provider::DeviceProvider;
 use crate::webhook::{WebhookServer, WebhookTls};
-use crate::{compat, leader, request, resource, sync};
+use crate::credentials::NamingSecret;
+use crate::node_machine::RememberingCluster;
+use crate::{compat, leader, request, resource, startup, sync};
 
 /// How often mounted certificate files are compared with the ones in use.
 const CERT_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
@@ -56,6 +58,10 @@ impl Operator {
         config: OperatorConfig,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
+        let provider: Arc<dyn DeviceProvider> = match &config.credentials {
+            Some(secret) => Arc::new(NamingSecret::new(provider, secret.clone())),
+            None => provider,
+        };
         let counted = provider.clone();
         metrics.watch_denials(move || counted.denials());
         let budgeted = provider.clone();
@@ -126,6 +132,33 @@ impl Operator {
         Ok((probes, webhook))
     }
 
+    /// One line with every address and mode, so a log shows how this replica serves.
+    fn log_start_line(&self) {
+        let addr = |a: Option<std::net::SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        let probes = self.probes.as_ref().and_then(|p| p.local_addr().ok());
+        let webhook = self.webhook.as_ref().and_then(|w| w.local_addr().ok());
+        let webhook_certs = match self.config.webhook.as_ref().map(|w| &w.certs) {
+            None => "off",
+            Some(WebhookCerts::Files { .. }) => "files",
+            Some(WebhookCerts::SelfManaged(_)) => "self-managed",
+        };
+        let leader = self.config.leader_election.as_ref().map_or_else(
+            || "off".to_owned(),
+            |l| format!("Lease {}/{}", l.namespace, l.lease_name),
+        );
+        tracing::info!(
+            metrics_and_probes = %addr(probes),
+            metrics_https = self.config.metrics_secure,
+            health_probes = %addr(self.health_addr()),
+            webhook = %addr(webhook),
+            webhook_certs,
+            leader_election = %leader,
+            exposure = self.config.mode.as_str(),
+            namespace = %self.config.namespace,
+            "cro starting"
+        );
+    }
+
     /// Runs until `shutdown` resolves (Ok) or the operator cannot go on (Err: lost
     /// leadership, a listener failed, the CRDs are missing).
     pub async fn run_until(
@@ -133,6 +166,7 @@ impl Operator {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), OperatorError> {
         self.bind().await?;
+        self.log_start_line();
         let crd_probe: Api<ComposabilityRequest> = Api::all(self.client.clone());
         if let Err(e) = crd_probe.list(&ListParams::default().limit(1)).await {
             return Err(match e {
@@ -229,7 +263,7 @@ impl Operator {
         workers.spawn(resource::controller(ctx.clone(), stop.clone()));
         let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
         workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
-        tracing::info!(mode = ?self.config.mode, "operator running");
+        tracing::info!(exposure = self.config.mode.as_str(), "operator running: controllers and upstream sync started");
 
         let mut leadership = leadership;
         let outcome = {
@@ -256,38 +290,96 @@ impl Operator {
         if let Some(l) = leadership {
             l.release().await;
         }
-        tracing::info!(?outcome, "operator stopped");
+        match &outcome {
+            Ok(()) => tracing::info!("operator stopped"),
+            Err(e) => tracing::error!(error = %e, "operator stopped"),
+        }
         outcome
     }
 }
 
-/// Loads the provider the configuration names: a spec file, or the Go operator's
-/// environment for the shipped FTI component.
-pub async fn load_provider(
+/// The provider spec the configuration names: a spec file, or the Go operator's
+/// environment (read through `env`) for the shipped FTI component. Checked before
+/// anything is loaded (crate::startup): a mistake is refused here, naming the setting,
+/// instead of failing a user's first request.
+pub fn provider_spec(
     config: &OperatorConfig,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<ProviderSpec, OperatorError> {
+    let (spec, known_keys): (ProviderSpec, Option<&[&str]>) = match &config.provider {
+        ProviderSource::SpecFile(path) => (
+            ProviderSpec::from_file(path).map_err(|e| {
+                OperatorError::Provider(format!("provider spec {}: {e}", path.display()))
+            })?,
+            // Known once providers describe their configuration.
+            None,
+        ),
+        ProviderSource::GoEnvironment => {
+            let spec = compat::fti_spec_from_env(&env)
+                .map_err(|e| OperatorError::Provider(e.to_string()))?
+                .ok_or_else(|| {
+                    OperatorError::Config(
+                        "no provider: set CRO_PROVIDER_SPEC (--provider-spec) or CDI_PROVIDER_TYPE"
+                            .into(),
+                    )
+                })?;
+            if !spec.component.exists() {
+                let set = env(compat::FTI_COMPONENT_VAR).is_some_and(|v| !v.trim().is_empty());
+                return Err(OperatorError::Provider(format!(
+                    "the FTI component {} does not exist: {}",
+                    spec.component.display(),
+                    if set {
+                        format!("{} names a file that is not there", compat::FTI_COMPONENT_VAR)
+                    } else {
+                        format!(
+                            "set {} to the component's path (the cro image ships it at {})",
+                            compat::FTI_COMPONENT_VAR,
+                            compat::DEFAULT_FTI_COMPONENT
+                        )
+                    }
+                )));
+            }
+            (spec, Some(&compat::FTI_CONFIG_KEYS[..]))
+        }
+    };
+    let problems = startup::check_spec(&spec, known_keys);
+    if !problems.is_empty() {
+        let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(OperatorError::Config(format!(
+            "provider {}: {}",
+            spec.name,
+            list.join("; ")
+        )));
+    }
+    Ok(spec)
+}
+
+/// Loads the provider of `spec`, reading the cluster through `client` (and remembering
+/// the machines of deleted Nodes, crate::node_machine).
+pub async fn load_spec(
+    spec: &ProviderSpec,
     client: kube::Client,
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
-    let spec = match &config.provider {
-        ProviderSource::SpecFile(path) => {
-            ProviderSpec::from_file(path).map_err(|e| OperatorError::Provider(e.to_string()))?
-        }
-        ProviderSource::GoEnvironment => compat::fti_spec_from_env(|k| std::env::var(k).ok())
-            .map_err(|e| OperatorError::Provider(e.to_string()))?
-            .ok_or_else(|| {
-                OperatorError::Config(
-                    "no provider: set CRO_PROVIDER_SPEC (--provider-spec) or CDI_PROVIDER_TYPE"
-                        .into(),
-                )
-            })?,
-    };
     let runtime = Runtime::new(RuntimeOptions::default())
         .map_err(|e| OperatorError::Provider(e.to_string()))?;
+    let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client);
     let provider = runtime
-        .load(&spec, Arc::new(KubeCluster::new(client)))
+        .load(spec, Arc::new(cluster))
         .await
-        .map_err(|e| OperatorError::Provider(e.to_string()))?;
-    tracing::info!(provider = provider.name(), "provider loaded");
+        .map_err(|e| OperatorError::Provider(format!("{}: {e}", spec.component.display())))?;
+    tracing::info!(provider = provider.name(), component = %spec.component.display(), "provider loaded");
     Ok(Arc::new(provider))
+}
+
+/// Loads the provider the configuration names (see [`provider_spec`]); records its
+/// Secret grant in the configuration so credential failures name it.
+pub async fn load_provider(
+    config: &mut OperatorConfig,
+    client: kube::Client,
+) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
+    let spec = provider_spec(config, |k| std::env::var(k).ok())?;
+    config.credentials = spec.grants.secret.clone();
+    load_spec(&spec, client).await
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -320,11 +412,11 @@ pub async fn shutdown_signal() {
 
 /// What `cro run` calls: the in-cluster (or kubeconfig) client, the configured provider,
 /// commands through `pods/exec`; runs until SIGINT/SIGTERM.
-pub async fn run(config: OperatorConfig) -> Result<(), OperatorError> {
+pub async fn run(mut config: OperatorConfig) -> Result<(), OperatorError> {
     // kube's rustls needs a process-wide provider; ring is the one this project builds.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default().await?;
-    let provider = load_provider(&config, client.clone()).await?;
+    let provider = load_provider(&mut config, client.clone()).await?;
     let runner = Arc::new(KubeExecRunner::new(client.clone()));
     Operator::new(client, provider, runner, config)
         .run_until(shutdown_signal())

@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use cro_api::{ComposableResource, ComposableResourceSpec, FINALIZER, ReadyToDetach, ResourceType};
 use cro_runtime::domain::{DeviceInfo, DeviceType};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 
 use crate::context::Context;
 use crate::error::ReconcileError;
+use crate::node_machine::{self, ANNOTATION_NODE_MACHINE};
 use crate::provider::Operation;
 
 /// Unclaimed devices by device id, with when they were first seen unclaimed.
@@ -61,6 +63,12 @@ impl OrphanTracker {
 
     pub fn tracked(&self) -> usize {
         self.seen.len()
+    }
+
+    /// Tracks `device` again from `now` after it was due but could not be released:
+    /// it stays counted as an orphan and is tried again after another grace period.
+    pub fn keep(&mut self, device: DeviceInfo, now: Instant) {
+        self.seen.insert(device.device_id.clone(), (device, now));
     }
 }
 
@@ -132,8 +140,11 @@ pub async fn sync_once(
         Instant::now(),
         ctx.config.timings.orphan_grace,
     );
-    ctx.metrics.set_orphans(tracker.tracked());
     let awaiting = crate::resource::awaiting_adoption(&resources);
+    // Machines of deleted Nodes reach the listing through the machines resources
+    // recorded (crate::node_machine); a release resource for a device there needs the
+    // record too, or its detach could not find the machine.
+    let machines = node_machine::remembered(&resources);
     let mut released = 0;
     for device in due {
         let key = (
@@ -149,16 +160,27 @@ pub async fn sync_once(
         }
         if device.node.is_empty() {
             tracing::warn!(device = %device.device_id, machine = %device.machine_id,
-                "orphaned device on a machine without a node: left alone");
+                "orphaned device on a machine without a node: cannot release it");
+            tracker.keep(device, Instant::now());
             continue;
         }
-        let obj = orphan_resource(&device);
-        api.create(&PostParams::default(), &obj).await?;
+        let mut obj = orphan_resource(&device);
+        if let Some(m) = machines.get(&device.node) {
+            obj.annotations_mut()
+                .insert(ANNOTATION_NODE_MACHINE.to_owned(), m.to_annotation());
+        }
+        if let Err(e) = api.create(&PostParams::default(), &obj).await {
+            tracker.keep(device, Instant::now());
+            ctx.metrics.set_orphans(tracker.tracked());
+            return Err(e.into());
+        }
         released += 1;
         ctx.metrics.orphan_released();
         tracing::warn!(device = %device.device_id, node = %device.node,
-            resource = ?obj.metadata.name, "releasing a device no ComposableResource holds");
+            resource = obj.metadata.name.as_deref().unwrap_or("?"), "releasing a device no ComposableResource holds");
     }
+    // Tracked devices, and those that were due but could not be released.
+    ctx.metrics.set_orphans(tracker.tracked());
     Ok(released)
 }
 

@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use cro_api::ComposabilityRequest;
+use k8s_openapi::api::core::v1::Node;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -81,6 +82,8 @@ impl WebhookTls {
 struct WebhookState {
     /// Every ComposabilityRequest, as the watch last saw them.
     requests: Store<ComposabilityRequest>,
+    /// Reads the Node a new target_node names (one get per create or target change).
+    nodes: Api<Node>,
     metrics: Arc<Metrics>,
 }
 
@@ -117,6 +120,7 @@ impl WebhookServer {
         shutdown: impl Future<Output = ()>,
     ) {
         let (store, writer) = reflector::store::<ComposabilityRequest>();
+        let nodes = Api::all(client.clone());
         let feed = reflector(
             writer,
             watcher(Api::all(client), watcher::Config::default()).default_backoff(),
@@ -126,7 +130,7 @@ impl WebhookServer {
                 tracing::warn!(error = %e, "webhook cache: watch failed; retrying");
             }
         });
-        let router = router(store, metrics);
+        let router = router(store, nodes, metrics);
         let acceptor = TlsAcceptor::from(self.tls.config.clone());
         tokio::select! {
             () = serve::serve(self.listener, Some(acceptor), router, ServerLimits::WEBHOOK, shutdown) => {}
@@ -135,10 +139,18 @@ impl WebhookServer {
     }
 }
 
-fn router(requests: Store<ComposabilityRequest>, metrics: Arc<Metrics>) -> Router {
+fn router(
+    requests: Store<ComposabilityRequest>,
+    nodes: Api<Node>,
+    metrics: Arc<Metrics>,
+) -> Router {
     Router::new()
         .route(VALIDATE_PATH, post(validate_handler))
-        .with_state(WebhookState { requests, metrics })
+        .with_state(WebhookState {
+            requests,
+            nodes,
+            metrics,
+        })
 }
 
 async fn validate_handler(
@@ -158,6 +170,7 @@ async fn validate_handler(
 
 fn refusal_label(r: &Refusal) -> &'static str {
     match r {
+        Refusal::UnknownTargetNode(_) => "unknown_target_node",
         Refusal::DifferentNodeWithTarget(_) => "differentnode_with_target",
         Refusal::DuplicateDifferentNode { .. } => "duplicate_differentnode",
         Refusal::DuplicateSameNode { .. } => "duplicate_samenode",
@@ -228,15 +241,44 @@ async fn review_request(
         mine.name = format!("(new {})", uuid::Uuid::new_v4());
     }
     match admission::validate(&mine, &summaries) {
-        Ok(()) => {
-            state.metrics.admission("allowed", None);
-            response
+        Ok(()) => {}
+        Err(refusal) => {
+            return deny(
+                response,
+                "denied",
+                Some(refusal_label(&refusal)),
+                refusal.to_string(),
+            );
         }
-        Err(refusal) => deny(
-            response,
-            "denied",
-            Some(refusal_label(&refusal)),
-            refusal.to_string(),
-        ),
     }
+    let old_target = old.as_ref().map(|o| o.spec.resource.target_node());
+    if let Some(target) = admission::target_to_check(new.spec.resource.target_node(), old_target)
+    {
+        match state.nodes.get_opt(target).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let refusal = Refusal::UnknownTargetNode(target.to_owned());
+                return deny(
+                    response,
+                    "denied",
+                    Some(refusal_label(&refusal)),
+                    refusal.to_string(),
+                );
+            }
+            Err(e) => {
+                return deny(
+                    response,
+                    "error",
+                    None,
+                    format!(
+                        "cannot check that target_node {target} exists: {}; retry",
+                        crate::text::kube_error(&e)
+                    ),
+                );
+            }
+        }
+    }
+    state.metrics.admission("allowed", None);
+    response
 }
+

@@ -437,3 +437,97 @@ async fn self_managed_certificates_rotate_while_the_webhook_answers() {
         .await
         .expect("removing finalizers is not judged");
 }
+
+/// Issue rows "a typo in target_node" (the operator used to delete the request; the
+/// only trace was an Event) and "type changed on a live request" (accepted; the GPUs
+/// started detaching): both are refused at admission now, and nothing is left on the
+/// fabric. A target node that disappears later keeps the Go behaviour (the request is
+/// deleted), and its devices are released on the fabric too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typos_in_target_node_and_kind_changes_are_refused_at_admission() {
+    let mut env = Env::start().await;
+    let m1 = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    let tls = webhook_tls();
+    env.config.webhook = Some(WebhookConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        certs: WebhookCerts::Files {
+            cert_file: tls.cert_file.path().into(),
+            key_file: tls.key_file.path().into(),
+        },
+    });
+    let (_, webhook) = env.start_operator().await;
+    Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &chart_like_configuration("cro-truth", webhook.unwrap().port(), Some(&tls.ca_pem)),
+        )
+        .await
+        .unwrap();
+
+    // A typo in target_node: refused, naming the node; nothing was created.
+    let typo = on_node(MODEL, "wroker-1");
+    let refusal = eventually("the webhook to refuse the typo", CONVERGE, || async {
+        create(&env, "typo", typo.clone()).await.err()
+    })
+    .await;
+    assert!(
+        refusal.contains("target_node wroker-1 is not a Node"),
+        "{refusal}"
+    );
+    assert!(env.request("typo").await.is_none());
+
+    // A request on a real node runs; retargeting it to a typo is refused too.
+    create(&env, "live", on_node(MODEL, "worker-1"))
+        .await
+        .unwrap();
+    env.wait_running("live", 1).await;
+    let attached = env.gpus_on(&m1);
+    assert_eq!(attached.len(), 1);
+    let patch = |v: serde_json::Value| {
+        let requests = env.requests();
+        async move {
+            requests
+                .patch("live", &PatchParams::default(), &Patch::Merge(v))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let e = patch(serde_json::json!({"spec": {"resource": {"target_node": "wroker-1"}}}))
+        .await
+        .unwrap_err();
+    assert!(e.contains("target_node wroker-1 is not a Node"), "{e}");
+
+    // type and model of a live request are immutable (the CRD's transition rules).
+    let e = patch(serde_json::json!({"spec": {"resource": {"type": "cxlmemory"}}}))
+        .await
+        .unwrap_err();
+    assert!(e.contains(cro_api::TYPE_IMMUTABLE), "{e}");
+    let e = patch(serde_json::json!({"spec": {"resource": {"model": "H100"}}}))
+        .await
+        .unwrap_err();
+    assert!(e.contains(cro_api::MODEL_IMMUTABLE), "{e}");
+    // Other changes still pass, and the device never moved.
+    patch(serde_json::json!({"spec": {"resource": {"size": 2}}}))
+        .await
+        .unwrap();
+    env.wait_running("live", 2).await;
+    let req = env.request("live").await.unwrap();
+    assert_eq!(req.spec.resource.resource_type, cro_api::ResourceType::Gpu);
+    assert!(env.gpus_on(&m1).contains(&attached[0]));
+
+    // The target node disappearing later keeps the Go behaviour: the request is deleted.
+    // Its devices are released on the fabric with the machine recorded at attach.
+    env.delete_node("worker-1").await;
+    eventually("the request deleted", CONVERGE, || async {
+        env.request("live").await.is_none().then_some(())
+    })
+    .await;
+    eventually("no device left on the fabric", CONVERGE, || async {
+        env.gpus_on(&m1).is_empty().then_some(())
+    })
+    .await;
+    assert!(env.resources_of("live").await.is_empty());
+    env.stop_operator().await.unwrap();
+}

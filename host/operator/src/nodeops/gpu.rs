@@ -15,6 +15,16 @@ pub enum ExposureMode {
     Dra,
 }
 
+impl ExposureMode {
+    /// The `DEVICE_RESOURCE_TYPE` value that selects it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExposureMode::DevicePlugin => "DEVICE_PLUGIN",
+            ExposureMode::Dra => "DRA",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct DrainOptions {
     pub mode: ExposureMode,

@@ -12,8 +12,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::mirror::mirrored;
+use super::mirror::{mirrored, summary};
 use super::{Next, resources_of, set_state, spec_changed, status_of};
+use crate::conditions;
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::patch;
@@ -95,10 +96,19 @@ pub(super) async fn converge(
     } else {
         RequestState::Updating
     };
+    // A Running request is not Ready while one of its devices is not (the fabric lost
+    // it, or reports it critical): its state stays Running, as the Go operator's did.
+    let not_ready = (state == RequestState::Running
+        && objects
+            .iter()
+            .filter(|o| wanted.contains_key(&o.name_any()))
+            .any(not_ready))
+    .then_some(conditions::DEVICES_NOT_READY);
+    let error = summary(&entries);
     let mut new = old.clone();
     new.resources = entries;
     new.state = state.clone();
-    new.error = String::new();
+    new.error = error.clone();
     let req = if new != old {
         let req = patch::replace_status(&api, &req, &old, &new).await?;
         if state == RequestState::Running && old.state != RequestState::Running {
@@ -117,7 +127,18 @@ pub(super) async fn converge(
     };
     // Resource changes wake the request; the requeue only guards against a lost watch.
     Ok(Next::Done(
-        Step::requeue(ctx.config.timings.health_period),
+        Step::requeue(ctx.config.timings.health_period)
+            .with_error(error)
+            .not_ready(not_ready),
         Some(req),
     ))
+}
+
+/// The resource's Ready condition is False.
+fn not_ready(r: &ComposableResource) -> bool {
+    r.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.status == "False")
+    })
 }

@@ -23,7 +23,7 @@ use cro_api::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -119,8 +119,18 @@ pub(crate) async fn set_state(
 
 async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
+    if req.is_being_deleted() || spec_changed(&req) {
+        propagate_force_detach(ctx, &req).await?;
+    }
     if req.is_being_deleted() {
-        return cleanup::on_delete(req, ctx).await;
+        // The resources' errors say why the cleanup does not finish (a node that cannot
+        // run commands, a busy GPU): the request sums them up as it does while live.
+        let (step, latest) = cleanup::on_delete(req, ctx).await?;
+        let error = latest
+            .as_ref()
+            .map(|r| mirror::summary(&status_of(r).resources))
+            .unwrap_or_default();
+        return Ok((step.with_error(error), latest));
     }
     let mut req = patch::add_finalizer(&api, &req).await?;
     if let Some(target) = req.spec.resource.target_node()
@@ -157,6 +167,35 @@ async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
         }
     })
     .await
+}
+
+/// Copies the request's `force_detach` onto its resources, so that turning it on reaches
+/// detaches already under way (the way out of a detach blocked by its node,
+/// docs/troubleshooting.md). A resource being deleted is never turned back from forced.
+async fn propagate_force_detach(
+    ctx: &Context,
+    req: &ComposabilityRequest,
+) -> Result<(), ReconcileError> {
+    let want = req.spec.resource.force_detach;
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    for r in resources_of(ctx, &req.name_any()).await? {
+        if r.spec.force_detach == want || (!want && r.is_being_deleted()) {
+            continue;
+        }
+        let patch = serde_json::json!({"spec": {"force_detach": want}});
+        match api
+            .patch(&r.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(resource = %r.name_any(), force_detach = want, "force_detach copied from the request");
+            }
+            // Gone meanwhile: nothing left to force.
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Whether the spec differs from the one last acted on.

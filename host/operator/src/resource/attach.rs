@@ -2,13 +2,15 @@
 
 use cro_api::{ComposableResource, ResourceState, ResourceType};
 use cro_runtime::domain::AddOutcome;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::{Outcome, adopt, exposure};
 use crate::context::Context;
 use crate::error::ReconcileError;
+use crate::node_machine::{ANNOTATION_NODE_MACHINE, NodeMachine};
 use crate::nodeops::{Discovery, driver};
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::Operation;
@@ -40,6 +42,9 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
 
     let mut res = res;
     if res.device_id().is_none() {
+        // Stored before the fabric is asked: a device attached to a node whose Node is
+        // deleted later can still be released (crate::node_machine).
+        res = record_machine(ctx, &api, res).await?;
         // Held until the ids are stored: a detach on this node meanwhile must see them.
         let guard = ctx.provider.lock_node(&node).await;
         // Adopts the device of an earlier attach whose reply was lost, or asks the fabric.
@@ -146,4 +151,31 @@ async fn store_ids(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Copies what names the node's machine into the resource (once), before its first
+/// attach. A Node that names no machine records nothing: the provider could not attach
+/// there either, and will say why.
+async fn record_machine(
+    ctx: &Context,
+    api: &Api<ComposableResource>,
+    res: ComposableResource,
+) -> Result<ComposableResource, ReconcileError> {
+    if res.annotations().contains_key(ANNOTATION_NODE_MACHINE) {
+        return Ok(res);
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let Some(machine) = nodes
+        .get_opt(&res.spec.target_node)
+        .await?
+        .as_ref()
+        .and_then(NodeMachine::of_node)
+    else {
+        return Ok(res);
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        ANNOTATION_NODE_MACHINE: machine.to_annotation()}}});
+    Ok(api
+        .patch(&res.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
 }

@@ -1,7 +1,9 @@
 //! Deletion: Detaching (idle check, taint, drain, fabric remove, wait until gone,
 //! untaint, ids cleared) → Deleting (finalizer removed).
 
-use cro_api::{ComposableResource, CroObjectExt, ResourceState, ResourceType};
+use cro_api::{
+    ANNOTATION_SKIP_NODE_STEPS, ComposableResource, CroObjectExt, ResourceState, ResourceType,
+};
 use cro_runtime::domain::RemoveOutcome;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
@@ -10,6 +12,7 @@ use kube::{Resource, ResourceExt};
 use super::{Outcome, exposure, node_exists};
 use crate::context::Context;
 use crate::error::ReconcileError;
+use crate::node_machine::NodeMachine;
 use crate::nodeops::{Discovery, DrainOptions, ExposureMode, NodeOpsError, driver};
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::{Operation, to_domain};
@@ -66,38 +69,98 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
     detaching(res, ctx).await
 }
 
-async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
+/// Which of a detach's steps on the node run (docs/troubleshooting.md, "Ways out").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeSteps {
+    /// The whole sequence: idle check, drain, fabric, rescan, wait until gone.
+    All,
+    /// `force_detach`: no command runs on the node (no idle check, no drain, no
+    /// `nvidia-smi`), so a node that cannot run commands does not hold the detach up;
+    /// the API-side steps (DRA taint, plugin restarts, DRA visibility) still run.
+    NoCommands,
+    /// The skip-node-steps annotation, or a Node that is gone but whose machine was
+    /// recorded at attach: the fabric detach alone.
+    FabricOnly,
+    /// A Node that is gone and no recorded machine: the device cannot be reached; the
+    /// resource is let go (the Go behaviour) and the device is left to the fabric.
+    Unreachable,
+}
+
+/// The steps a detach runs, from what is known of the node and the resource.
+pub(crate) fn node_steps(
+    node_exists: bool,
+    machine_recorded: bool,
+    skip_annotation: bool,
+    force_detach: bool,
+) -> NodeSteps {
+    match (node_exists, machine_recorded) {
+        (false, true) => NodeSteps::FabricOnly,
+        (false, false) => NodeSteps::Unreachable,
+        (true, _) if skip_annotation => NodeSteps::FabricOnly,
+        (true, _) if force_detach => NodeSteps::NoCommands,
+        (true, _) => NodeSteps::All,
+    }
+}
+
+/// Whether an administrator set the skip-node-steps annotation to `true`.
+pub(crate) fn skips_node_steps(res: &ComposableResource) -> bool {
+    res.annotations()
+        .get(ANNOTATION_SKIP_NODE_STEPS)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The Node is gone and nothing says which machine it was: the Go behaviour.
+async fn let_go(res: ComposableResource, ctx: &Context) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let node = res.spec.target_node.clone();
+    let message = format!(
+        "target node {node} not found and no machine recorded for it: device {} may stay attached on the fabric",
+        res.device_id().unwrap_or("?")
+    );
+    if let Some(dra) = &ctx.dra {
+        dra.untaint(&ctx.client, &res.name_any()).await?;
+    }
+    let res = patch::status(
+        &api,
+        &res,
+        &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
+        false,
+    )
+    .await?;
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Warning,
+        "NodeGone",
+        "Detach",
+        &message,
+    )
+    .await;
+    patch::remove_finalizer(&api, &res).await?;
+    Ok((Step::wait(), None))
+}
+
+async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     let name = res.name_any();
     let node = res.spec.target_node.clone();
     let poll = ctx.config.timings.poll_interval;
     let uuid = res.device_id().unwrap_or_default().to_owned();
+    let is_gpu = res.spec.resource_type == ResourceType::Gpu;
 
-    if !node_exists(ctx, &node).await? {
-        let message = format!("target node {node} not found");
-        if let Some(dra) = &ctx.dra {
-            dra.untaint(&ctx.client, &name).await?;
+    let steps = node_steps(
+        node_exists(ctx, &node).await?,
+        NodeMachine::of_resource(&res).is_some(),
+        skips_node_steps(&res),
+        res.spec.force_detach,
+    );
+    match steps {
+        NodeSteps::Unreachable => return let_go(res, ctx).await,
+        NodeSteps::All => {}
+        other => {
+            tracing::info!(node = %node, device = %uuid, steps = ?other, "detaching with fewer node steps")
         }
-        let res = patch::status(
-            &api,
-            &res,
-            &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
-            false,
-        )
-        .await?;
-        ctx.event(
-            &res.object_ref(&()),
-            EventType::Warning,
-            "NodeGone",
-            "Detach",
-            &message,
-        )
-        .await;
-        patch::remove_finalizer(&api, &res).await?;
-        return Ok((Step::wait(), None));
     }
 
-    let driver = if res.spec.resource_type == ResourceType::Gpu {
+    let driver = if is_gpu && steps == NodeSteps::All {
         match driver::discover(
             &ctx.client,
             ctx.runner.as_ref(),
@@ -127,7 +190,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
         tracing::warn!(device = %uuid, holder = %other,
             "device already detached and now held by another resource");
         drop(guard);
-        return finish(res, ctx, &uuid).await;
+        return finish(res, ctx, &uuid, steps).await;
     }
 
     if let Some(driver) = &driver
@@ -155,6 +218,14 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             )
             .await?;
     }
+    if steps == NodeSteps::NoCommands
+        && is_gpu
+        && let Some(dra) = &ctx.dra
+        && ctx.config.mode == ExposureMode::Dra
+        && let Some(device) = dra.find_device(&ctx.client, &uuid).await?
+    {
+        dra.taint(&ctx.client, &name, &uuid, &device).await?;
+    }
 
     match ctx.provider.remove(&guard, &to_domain(&res)).await {
         Ok(RemoveOutcome::InProgress(what)) => {
@@ -176,11 +247,23 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             return Ok((Step::requeue(poll), Some(res)));
         }
     }
-    finish(res, ctx, &uuid).await
+    if steps == NodeSteps::NoCommands && is_gpu {
+        exposure::rescan_after_detach(ctx, &node, &name).await?;
+        if exposure::still_published(ctx, &uuid).await? {
+            tracing::debug!(gpu = %uuid, "GPU still published after the detach");
+            return Ok((Step::requeue(poll), Some(res)));
+        }
+    }
+    finish(res, ctx, &uuid, steps).await
 }
 
 /// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
-async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
+async fn finish(
+    res: ComposableResource,
+    ctx: &Context,
+    uuid: &str,
+    steps: NodeSteps,
+) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
     let node = res.spec.target_node.clone();
@@ -203,7 +286,15 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str) -> Outcome {
         EventType::Normal,
         "Detached",
         "Detach",
-        format!("device {uuid} detached from node {node}"),
+        match steps {
+            NodeSteps::All => format!("device {uuid} detached from node {node}"),
+            NodeSteps::NoCommands => format!(
+                "device {uuid} detached from node {node} without commands on the node (force_detach): the GPU was not drained"
+            ),
+            NodeSteps::FabricOnly | NodeSteps::Unreachable => format!(
+                "device {uuid} detached on the fabric only; nothing was done on node {node}"
+            ),
+        },
     )
     .await;
     patch::remove_finalizer(&api, &res).await?;
@@ -224,4 +315,20 @@ async fn holder_elsewhere(
         .into_iter()
         .find(|r| r.name_any() != me && r.device_id() == Some(device))
         .map(|r| r.name_any()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NodeSteps, node_steps};
+
+    #[test]
+    fn the_ways_out_choose_the_node_steps() {
+        // (node exists, machine recorded, skip annotation, force_detach)
+        assert_eq!(node_steps(true, true, false, false), NodeSteps::All);
+        assert_eq!(node_steps(true, false, false, true), NodeSteps::NoCommands);
+        assert_eq!(node_steps(true, true, true, true), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(true, false, true, false), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(false, true, false, false), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(false, false, true, true), NodeSteps::Unreachable);
+    }
 }

@@ -56,3 +56,34 @@ pub async fn rescan(
     }
     Ok(())
 }
+
+/// Makes the plugins notice a GPU that went, without running anything on the node
+/// (a force_detach): device-plugin mode restarts the daemonsets; DRA deletes the
+/// node's kubelet plugin pod (at most once per rescan interval per resource).
+pub async fn rescan_after_detach(
+    ctx: &Context,
+    node: &str,
+    resource: &str,
+) -> Result<(), ReconcileError> {
+    match ctx.config.mode {
+        ExposureMode::DevicePlugin => {
+            plugins::restart_device_plugins(&ctx.client, &ctx.config.gpu_operator_namespace)
+                .await?;
+        }
+        ExposureMode::Dra => {
+            if ctx.rescan_due(resource) {
+                plugins::restart_dra_plugin(&ctx.client, node).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// DRA: a ResourceSlice still publishes the GPU. Device-plugin mode has no API-side
+/// view of one GPU (only nvidia-smi on the node), so it answers false.
+pub async fn still_published(ctx: &Context, uuid: &str) -> Result<bool, ReconcileError> {
+    match ctx.config.mode {
+        ExposureMode::DevicePlugin => Ok(false),
+        ExposureMode::Dra => Ok(dra(ctx)?.find_device(&ctx.client, uuid).await?.is_some()),
+    }
+}

@@ -22,7 +22,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
+use crate::conditions;
 use crate::context::Context;
+use crate::node_machine::NodeMachine;
 use crate::error::ReconcileError;
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
@@ -121,20 +123,86 @@ async fn online(res: ComposableResource, ctx: &Context) -> Outcome {
         patch::delete(&api, &res.name_any()).await?;
         return Ok((Step::wait(), None));
     }
-    let health = match ctx.provider.check(&to_domain(&res)).await {
-        Ok(()) => String::new(),
-        Err(e) => e.to_string(),
+    let (health, not_ready) = match ctx.provider.check(&to_domain(&res)).await {
+        Ok(()) => (String::new(), None),
+        Err(e) => {
+            let reason = health_not_ready(&e);
+            let text = e.to_string();
+            let message = match reason {
+                Some(_) => format!(
+                    "device {} on node {}: {text}",
+                    res.device_id().unwrap_or("?"),
+                    res.spec.target_node
+                ),
+                None => text,
+            };
+            (message, reason)
+        }
     };
     Ok((
-        Step::requeue(ctx.config.timings.health_period).with_error(health),
+        Step::requeue(ctx.config.timings.health_period)
+            .with_error(health)
+            .not_ready(not_ready),
         Some(res),
     ))
 }
 
-/// The target node is gone: nothing can be drained or verified there any more.
+/// Which failed health checks take an Online device out of Ready: the fabric lost it,
+/// or reports it critical. A warning, or a check that could not be made (the fabric
+/// unreachable, a trap), says nothing about the device and only shows in the message.
+pub(crate) fn health_not_ready(e: &crate::provider::ProviderCallError) -> Option<&'static str> {
+    use cro_runtime::CallError;
+    use cro_runtime::domain::ProviderError;
+    match e {
+        CallError::Provider(ProviderError::NotFound(_)) => Some(conditions::DEVICE_MISSING),
+        CallError::Provider(ProviderError::Fabric(f)) if f.status == 404 => {
+            Some(conditions::DEVICE_MISSING)
+        }
+        CallError::Provider(ProviderError::Critical(_)) => Some(conditions::DEVICE_CRITICAL),
+        _ => None,
+    }
+}
+
+/// The target node is gone: nothing can be drained or verified there any more. A device
+/// whose machine was recorded at attach is detached on the fabric on the way out (the
+/// deletion does it); otherwise the resource goes as the Go operator let it go.
 async fn collect_garbage(res: ComposableResource, ctx: &Context) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    let message = format!("target node {} not found", res.spec.target_node);
+    let node = res.spec.target_node.clone();
+    let orphan = res.ready_to_detach();
+    let device = res
+        .device_id()
+        .map(str::to_owned)
+        .or_else(|| orphan.as_ref().map(|o| o.device_id.clone()));
+    if let Some(device) = device
+        && NodeMachine::of_resource(&res).is_some()
+    {
+        let message = format!(
+            "target node {node} not found: detaching device {device} on the fabric only, with the machine recorded at attach"
+        );
+        let mut update = ResourceStatusPatch::default().with_error(&message);
+        if res.device_id().is_none()
+            && let Some(orphan) = &orphan
+        {
+            // A released orphan's ids are in its labels until it starts: the deletion
+            // below must find them in the status.
+            update = ResourceStatusPatch::ids(&orphan.device_id, &orphan.cdi_device_id)
+                .with_state(ResourceState::Online)
+                .with_error(&message);
+        }
+        let res = patch::status(&api, &res, &update, false).await?;
+        ctx.event(
+            &res.object_ref(&()),
+            EventType::Warning,
+            "NodeGone",
+            "GarbageCollect",
+            &message,
+        )
+        .await;
+        patch::delete(&api, &res.name_any()).await?;
+        return Ok((Step::wait().with_error(message), Some(res)));
+    }
+    let message = format!("target node {node} not found");
     if let Some(dra) = &ctx.dra {
         dra.untaint(&ctx.client, &res.name_any()).await?;
     }
