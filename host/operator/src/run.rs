@@ -307,13 +307,17 @@ pub fn provider_spec(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<ProviderSpec, OperatorError> {
     let (spec, known_keys): (ProviderSpec, Option<&[&str]>) = match &config.provider {
-        ProviderSource::SpecFile(path) => (
-            ProviderSpec::from_file(path).map_err(|e| {
+        ProviderSource::SpecFile(path) => {
+            let spec = ProviderSpec::from_file(path).map_err(|e| {
                 OperatorError::Provider(format!("provider spec {}: {e}", path.display()))
-            })?,
-            // Known once providers describe their configuration.
-            None,
-        ),
+            })?;
+            // The shipped FTI component (by its file name) reads known keys; other
+            // providers' keys are known once providers describe their configuration.
+            let shipped = std::path::Path::new(compat::DEFAULT_FTI_COMPONENT).file_name();
+            let known = (spec.component.file_name() == shipped)
+                .then_some(&compat::FTI_CONFIG_KEYS[..]);
+            (spec, known)
+        }
         ProviderSource::GoEnvironment => {
             let spec = compat::fti_spec_from_env(&env)
                 .map_err(|e| OperatorError::Provider(e.to_string()))?

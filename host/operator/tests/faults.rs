@@ -4,6 +4,7 @@
 //! the fabric acted (which cost no second device).
 
 mod common;
+mod truth;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

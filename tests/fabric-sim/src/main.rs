@@ -25,18 +25,26 @@ struct Args {
     /// A device attached from the start: `MACHINE_UUID_OR_NAME:TYPE:MODEL`. Repeatable.
     #[arg(long = "attached")]
     attached: Vec<String>,
+    /// The tenant id the fabric APIs answer to (FTI_CDI_TENANT_ID); default: a random uuid.
     #[arg(long)]
     tenant: Option<String>,
+    /// The Cluster Manager's cluster id (FTI_CDI_CLUSTER_ID); default: a random uuid.
     #[arg(long)]
     cluster: Option<String>,
+    /// The identity manager's realm (the `realm` key of the credentials Secret).
     #[arg(long)]
     realm: Option<String>,
+    /// Lifetime of an issued access token, in seconds (the `exp` the provider caches by).
     #[arg(long)]
     token_ttl_secs: Option<u64>,
+    /// How long a Cluster Manager resize stays in progress, in milliseconds.
     #[arg(long)]
     cm_delay_ms: Option<u64>,
+    /// Port of the HTTPS listener (what a provider talks to); default: any free port.
     #[arg(long)]
     https_port: Option<u16>,
+    /// Port of the plain-HTTP listener (for tests of a provider refusing HTTP); default:
+    /// any free port.
     #[arg(long)]
     http_port: Option<u16>,
     /// Where to write the CA certificate (default: a file in the system temp dir).
@@ -237,5 +245,21 @@ mod tests {
         assert!(setup.machines[0].uuid.is_some());
         assert!(parse_pool("gpu").is_err());
         assert!(build_setup(&Args::parse_from(["fabric-sim", "--attached", "x:gpu:m"])).is_err());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_flag_is_described_in_the_help() {
+        let undocumented: Vec<String> = Args::command()
+            .get_arguments()
+            .filter(|a| a.get_help().is_none())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert_eq!(undocumented, Vec::<String>::new());
     }
 }

@@ -33,6 +33,9 @@ pub(crate) struct World {
     pub commands: Vec<(String, Vec<String>)>,
     pub unknown: Vec<String>,
     pub hook: Option<Hook>,
+    /// Nodes whose kubelet cannot be reached: every exec there fails as the API
+    /// server's does when it cannot dial the kubelet.
+    pub unreachable: BTreeSet<String>,
 }
 
 /// The simulated nodes, shared by the runner and the cluster-side simulation.
@@ -144,6 +147,16 @@ impl SimNodes {
         w.nodes.get_mut(node).map(f)
     }
 
+    /// Makes `node`'s kubelet unreachable (or reachable again): commands there fail.
+    pub fn set_unreachable(&self, node: &str, unreachable: bool) {
+        let mut w = self.lock();
+        if unreachable {
+            w.unreachable.insert(node.to_owned());
+        } else {
+            w.unreachable.remove(node);
+        }
+    }
+
     pub fn set_hook(&self, hook: Option<Hook>) {
         self.lock().hook = hook;
     }
@@ -166,6 +179,12 @@ impl SimNodes {
             pod: pod.to_string(),
             message,
         };
+        if w.unreachable.contains(&pod.node) {
+            return Err(exec_err(format!(
+                "error dialing backend: dial tcp {}:10250: i/o timeout",
+                pod.node
+            )));
+        }
         let Some(target) = w.pods.get(&key).cloned() else {
             return Err(exec_err(format!("pods \"{}\" not found", pod.name)));
         };

@@ -19,6 +19,7 @@ use cro_api::{
     ResourceType, ScalarResourceDetails,
 };
 use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
+use cro_operator::node_machine::RememberingCluster;
 use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{Runtime, RuntimeOptions};
@@ -207,12 +208,13 @@ impl Env {
             .unwrap()
             .unwrap();
         let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
-        let provider = runtime
-            .load(&spec, Arc::new(KubeCluster::new(client.clone())))
-            .await
-            .unwrap();
+        // As `cro run` loads it: Nodes deleted later are still found through the
+        // machines resources recorded.
+        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+        let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
+        config.credentials = spec.grants.secret.clone();
         config.timings = fast_timings();
         config.namespace = OPERATOR_NS.to_owned();
         if let nodes::Exposure::Dra(_) = setup.exposure {
@@ -450,6 +452,35 @@ impl Env {
             },
         )
         .await
+    }
+
+    /// Asserts the fabric simulator has no device attached to any machine: nothing a
+    /// test did was left behind.
+    pub async fn assert_nothing_attached(&self) {
+        eventually("no device attached on the fabric", CONVERGE, || async {
+            let left: Vec<String> = self
+                .sim
+                .machines()
+                .iter()
+                .flat_map(|m| self.sim.machine_devices(&m.uuid))
+                .map(|d| d.serial)
+                .collect();
+            left.is_empty().then_some(())
+        })
+        .await;
+    }
+
+    /// Deletes a request and waits until it and its resources are gone.
+    pub async fn delete_request(&self, name: &str) {
+        self.requests()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(&format!("{name} deleted"), CONVERGE, || async {
+            (self.request(name).await.is_none() && self.resources_of(name).await.is_empty())
+                .then_some(())
+        })
+        .await;
     }
 
     /// Asserts the runner saw only commands it knows.
