@@ -51,10 +51,24 @@ fn run_help_names_the_go_operator_variables() {
     let out = cro(&["run", "--help"], &[]);
     assert!(out.status.success());
     let help = text(&out.stdout);
+    // Every variable `cro run` reads, the flags' own and the others (issue 15).
     for name in [
         "DEVICE_RESOURCE_TYPE",
         "NVIDIA_GPU_OPERATOR_NAMESPACE",
         "CRO_PROVIDER_SPEC",
+        "RUST_LOG",
+        "CRO_LOG_FORMAT",
+        "NO_COLOR",
+        "POD_NAME",
+        "CDI_PROVIDER_TYPE",
+        "FTI_CDI_API_TYPE",
+        "FTI_CDI_ENDPOINT",
+        "FTI_CDI_TENANT_ID",
+        "FTI_CDI_CLUSTER_ID",
+        "CRO_FTI_COMPONENT",
+        "CRO_FTI_CA_FILE",
+        "CRO_FTI_CALL_TIMEOUT",
+        "CRO_CREDENTIALS_NAMESPACE",
     ] {
         assert!(help.contains(name), "{name} missing from:\n{help}");
     }
@@ -68,6 +82,18 @@ fn run_refuses_a_bad_configuration_before_connecting() {
     assert!(stderr.contains("invalid configuration"), "{stderr}");
     assert!(stderr.contains("FPGA"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Issue 15 row "`--sync-period 20`": refused, naming the setting and the fix.
+#[test]
+fn a_duration_without_unit_is_refused_naming_the_setting() {
+    let out = cro(&["run", "--sync-period", "20"], &[]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--sync-period (CRO_SYNC_PERIOD)") && stderr.contains("20s"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -390,6 +416,28 @@ async fn cro_run_works_under_the_charts_service_account() {
     };
     let text = logs();
     assert!(status.success(), "{status}:\n{text}");
+    // Issue 15, logs written to a file: no colour codes, no Debug dumps of API errors,
+    // one start-up line with every address and mode, and a line on becoming leader.
+    assert!(!text.contains('\x1b'), "colour codes in a log file:\n{text}");
+    assert!(
+        !text.contains("Status {") && !text.contains("ErrorResponse"),
+        "a Debug dump in the log:\n{text}"
+    );
+    let start = text
+        .lines()
+        .find(|l| l.contains("cro starting"))
+        .unwrap_or_else(|| panic!("no start-up line:\n{text}"));
+    for part in [
+        format!("metrics_and_probes=127.0.0.1:{metrics_port}"),
+        "metrics_https=true".to_string(),
+        format!("health_probes=127.0.0.1:{probe_port}"),
+        "webhook=off".to_string(),
+        "exposure=DEVICE_PLUGIN".to_string(),
+        format!("leader_election=Lease {NS}/c5744f42.hpsys.ibm.ie.com"),
+    ] {
+        assert!(start.contains(&part), "{part} not in: {start}");
+    }
+    assert!(text.contains("became the leader"), "{text}");
     assert!(
         !text.contains("forbidden"),
         "a call was forbidden under the chart's roles:\n{text}"

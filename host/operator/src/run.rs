@@ -151,9 +151,9 @@ impl Operator {
             metrics_https = self.config.metrics_secure,
             health_probes = %addr(self.health_addr()),
             webhook = %addr(webhook),
-            webhook_certs,
+            webhook_certs = %webhook_certs,
             leader_election = %leader,
-            exposure = self.config.mode.as_str(),
+            exposure = %self.config.mode.as_str(),
             namespace = %self.config.namespace,
             "cro starting"
         );
@@ -263,7 +263,7 @@ impl Operator {
         workers.spawn(resource::controller(ctx.clone(), stop.clone()));
         let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
         workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
-        tracing::info!(exposure = self.config.mode.as_str(), "operator running: controllers and upstream sync started");
+        tracing::info!(exposure = %self.config.mode.as_str(), "operator running: controllers and upstream sync started");
 
         let mut leadership = leadership;
         let outcome = {

@@ -542,3 +542,40 @@ async fn a_go_operator_deployment_is_adopted_mid_flight() {
     assert_eq!(env.resources_of("go-req").await.len(), 2);
     env.stop_operator().await.unwrap();
 }
+
+/// Issue 15 row "the namespace of the Lease missing": the failure used to be logged as
+/// a raw `Debug` dump every 5 s. Now it reads as words naming the namespace and the
+/// setting, and repeats of the same failure are spaced out and not logged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_lease_namespace_is_said_in_words_and_not_repeated() {
+    common::init_tracing();
+    let harness = kube_harness::Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    let mut c = config("a", Duration::from_secs(2));
+    c.namespace = "no-such-namespace".into();
+    let mut elector = LeaderElector::new(client.clone(), c);
+    let e = elector.try_acquire_or_renew().await.unwrap_err();
+    let text = elector.describe_error(&e);
+    assert!(
+        text.contains("namespace no-such-namespace does not exist")
+            && text.contains("--leader-election-namespace (POD_NAMESPACE)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("Status {") && !text.contains("ErrorResponse"),
+        "{text}"
+    );
+    // The waiting replica says it once and backs off while nothing changes.
+    let mut waiting = leader::Waiting::default();
+    let base = Duration::from_millis(200);
+    let delays: Vec<(Duration, bool)> = (0..4).map(|_| waiting.failed(&text, base)).collect();
+    assert_eq!(
+        delays,
+        vec![
+            (base, true),
+            (base * 2, false),
+            (base * 4, false),
+            (base * 8, false)
+        ]
+    );
+}
