@@ -19,7 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 async fn a_deleted_node_collects_its_requests_and_resources() {
     let mut env = Env::start().await;
     env.add_node("worker-1", "16").await;
-    env.add_node("worker-2", "16").await;
+    let m2 = env.add_node("worker-2", "16").await;
     let m3 = env.add_node("worker-3", "16").await;
     env.sim.add_free_devices("gpu", MODEL, 4);
     env.start_operator().await;
@@ -59,9 +59,17 @@ async fn a_deleted_node_collects_its_requests_and_resources() {
         .filter_map(|e| e.note)
         .collect();
     assert!(
-        notes.iter().any(|n| n == "target node worker-2 not found"),
+        notes
+            .iter()
+            .any(|n| n.starts_with("target node worker-2 not found")),
         "{notes:?}"
     );
+    // Its device is released on the fabric with the machine recorded at attach (the
+    // Go operator left it attached).
+    eventually("worker-2's device released", CONVERGE, || async {
+        env.gpus_on(&m2).is_empty().then_some(())
+    })
+    .await;
 
     // The floating request's node goes: its device is collected and it allocates again
     // elsewhere (worker-3: worker-2 is gone too).
