@@ -13,7 +13,6 @@ mod schema;
 mod state;
 mod well_known;
 
-pub use schema::{MODEL_IMMUTABLE, TYPE_IMMUTABLE};
 pub use crds::{CrdError, CrdFile, REGENERATE_COMMAND, crd_files, crds};
 pub use object_ext::CroObjectExt;
 pub use request::{
@@ -24,5 +23,6 @@ pub use resource::{
     ComposableResource, ComposableResourceSpec, ComposableResourceStatus, ReadyToDetach,
 };
 pub use resource_type::{ResourceType, UnknownResourceType};
+pub use schema::{MODEL_IMMUTABLE, TYPE_IMMUTABLE};
 pub use state::{RequestState, ResourceState};
 pub use well_known::*;

@@ -418,7 +418,10 @@ async fn cro_run_works_under_the_charts_service_account() {
     assert!(status.success(), "{status}:\n{text}");
     // Issue 15, logs written to a file: no colour codes, no Debug dumps of API errors,
     // one start-up line with every address and mode, and a line on becoming leader.
-    assert!(!text.contains('\x1b'), "colour codes in a log file:\n{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "colour codes in a log file:\n{text}"
+    );
     assert!(
         !text.contains("Status {") && !text.contains("ErrorResponse"),
         "a Debug dump in the log:\n{text}"

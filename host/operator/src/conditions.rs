@@ -243,12 +243,7 @@ pub fn report_patch<K: Reported>(
     };
     let patch = ReportPatch {
         error: (obj.status_error() != error).then(|| error.to_owned()),
-        conditions: with_ready(
-            obj.conditions(),
-            &readiness,
-            obj.meta().generation,
-            now,
-        ),
+        conditions: with_ready(obj.conditions(), &readiness, obj.meta().generation, now),
     };
     (patch != ReportPatch::default()).then_some(patch)
 }

@@ -423,10 +423,7 @@ impl RunArgs {
                 let svc = &self.webhook_service;
                 let policy = CertPolicy {
                     ca_validity: setting_duration(&self.webhook_ca_validity, CA_VALIDITY)?,
-                    serving_validity: setting_duration(
-                        &self.webhook_cert_validity,
-                        CERT_VALIDITY,
-                    )?,
+                    serving_validity: setting_duration(&self.webhook_cert_validity, CERT_VALIDITY)?,
                     ..CertPolicy::default()
                 };
                 if policy.serving_validity < Duration::from_secs(3600)

@@ -36,7 +36,11 @@ pub const STAND_IN_ANNOTATION: &str = "cro.hpsys.ibm.ie.com/stand-in-for-deleted
 /// What names a node's machine, as the Node said when a device was attached there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeMachine {
-    #[serde(rename = "providerID", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "providerID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider_id: Option<String>,
     /// The Node's `machine.openshift.io/machine` annotation (`namespace/name`).
     #[serde(rename = "machine", default, skip_serializing_if = "Option::is_none")]
@@ -178,7 +182,10 @@ impl<C: ClusterReader> ClusterReader for RememberingCluster<C> {
                     match self.remembered().await {
                         Ok(machines) => match machines.get(name) {
                             Some(m) => {
-                                tracing::debug!(node = name, "lookup of a deleted Node answered from the machine a resource recorded");
+                                tracing::debug!(
+                                    node = name,
+                                    "lookup of a deleted Node answered from the machine a resource recorded"
+                                );
                                 Ok(m.stand_in_node(name))
                             }
                             None => Err(ClusterError::NotFound(what)),
@@ -260,7 +267,10 @@ mod tests {
 
     #[test]
     fn nodes_naming_no_machine_and_foreign_annotations_record_nothing() {
-        assert_eq!(NodeMachine::of_node(&node(json!({"metadata": {"name": "w1"}}))), None);
+        assert_eq!(
+            NodeMachine::of_node(&node(json!({"metadata": {"name": "w1"}}))),
+            None
+        );
         assert_eq!(NodeMachine::from_annotation("fsas-cdi://x"), None);
         assert_eq!(NodeMachine::from_annotation("{}"), None);
     }

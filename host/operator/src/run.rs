@@ -14,15 +14,15 @@ use kube::api::{Api, ListParams};
 use crate::certs::{self, ReloadingCert};
 use crate::config::{OperatorConfig, ProviderSource, WebhookCerts};
 use crate::context::Context;
+use crate::credentials::NamingSecret;
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
+use crate::node_machine::RememberingCluster;
 use crate::nodeops::dra::DraApis;
 use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::probes::{ProbeServer, Readiness};
 use crate::provider::DeviceProvider;
 use crate::webhook::{WebhookServer, WebhookTls};
-use crate::credentials::NamingSecret;
-use crate::node_machine::RememberingCluster;
 use crate::{compat, leader, request, resource, startup, sync};
 
 /// How often mounted certificate files are compared with the ones in use.
@@ -134,7 +134,8 @@ impl Operator {
 
     /// One line with every address and mode, so a log shows how this replica serves.
     fn log_start_line(&self) {
-        let addr = |a: Option<std::net::SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        let addr =
+            |a: Option<std::net::SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
         let probes = self.probes.as_ref().and_then(|p| p.local_addr().ok());
         let webhook = self.webhook.as_ref().and_then(|w| w.local_addr().ok());
         let webhook_certs = match self.config.webhook.as_ref().map(|w| &w.certs) {
@@ -314,8 +315,8 @@ pub fn provider_spec(
             // The shipped FTI component (by its file name) reads known keys; other
             // providers' keys are known once providers describe their configuration.
             let shipped = std::path::Path::new(compat::DEFAULT_FTI_COMPONENT).file_name();
-            let known = (spec.component.file_name() == shipped)
-                .then_some(&compat::FTI_CONFIG_KEYS[..]);
+            let known =
+                (spec.component.file_name() == shipped).then_some(&compat::FTI_CONFIG_KEYS[..]);
             (spec, known)
         }
         ProviderSource::GoEnvironment => {
@@ -333,7 +334,10 @@ pub fn provider_spec(
                     "the FTI component {} does not exist: {}",
                     spec.component.display(),
                     if set {
-                        format!("{} names a file that is not there", compat::FTI_COMPONENT_VAR)
+                        format!(
+                            "{} names a file that is not there",
+                            compat::FTI_COMPONENT_VAR
+                        )
                     } else {
                         format!(
                             "set {} to the component's path (the cro image ships it at {})",

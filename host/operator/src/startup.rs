@@ -65,12 +65,7 @@ pub fn endpoint_of(key: &str, value: &str) -> Option<Url> {
 /// Endpoints in the config that no HTTP grant allows.
 pub fn ungranted_endpoints(spec: &ProviderSpec) -> Vec<SpecProblem> {
     let granted = || {
-        let list: Vec<String> = spec
-            .grants
-            .http
-            .iter()
-            .map(|g| g.url.to_string())
-            .collect();
+        let list: Vec<String> = spec.grants.http.iter().map(|g| g.url.to_string()).collect();
         if list.is_empty() {
             "none".to_owned()
         } else {
@@ -120,7 +115,10 @@ mod tests {
         let problems = unknown_config_keys(&s.config, Some(&["endpoint", "tenant_id"]));
         assert_eq!(problems.len(), 1);
         let text = problems[0].to_string();
-        assert!(text.contains("\"tenant_idd\"") && text.contains("tenant_id"), "{text}");
+        assert!(
+            text.contains("\"tenant_idd\"") && text.contains("tenant_id"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -130,7 +128,10 @@ mod tests {
             vec![]
         );
         assert_eq!(
-            ungranted_endpoints(&spec("https://fm.example:8443/api", "https://fm.example:8443")),
+            ungranted_endpoints(&spec(
+                "https://fm.example:8443/api",
+                "https://fm.example:8443"
+            )),
             vec![]
         );
         let problems = ungranted_endpoints(&spec("fm.example:9443/", "https://fm.example:8443"));
@@ -142,8 +143,7 @@ mod tests {
         );
         // http vs https is a different grant.
         assert_eq!(
-            ungranted_endpoints(&spec("http://fm.example:8443/", "https://fm.example:8443"))
-                .len(),
+            ungranted_endpoints(&spec("http://fm.example:8443/", "https://fm.example:8443")).len(),
             1
         );
     }

@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use cro_api::ComposabilityRequest;
-use k8s_openapi::api::core::v1::Node;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -252,8 +252,7 @@ async fn review_request(
         }
     }
     let old_target = old.as_ref().map(|o| o.spec.resource.target_node());
-    if let Some(target) = admission::target_to_check(new.spec.resource.target_node(), old_target)
-    {
+    if let Some(target) = admission::target_to_check(new.spec.resource.target_node(), old_target) {
         match state.nodes.get_opt(target).await {
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -281,4 +280,3 @@ async fn review_request(
     state.metrics.admission("allowed", None);
     response
 }
-

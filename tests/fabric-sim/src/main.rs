@@ -249,7 +249,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod tests {
+mod help_tests {
     use super::*;
     use clap::CommandFactory;
 

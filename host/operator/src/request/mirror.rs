@@ -41,8 +41,10 @@ const MAX_LISTED: usize = 5;
 /// `status.error` of a request: which of its resources fail and why, in name order
 /// ("" when none does), e.g. `1 of 2 devices failing: gpu-1 (worker-1, Attaching): …`.
 pub fn summary(entries: &Entries) -> String {
-    let failing: Vec<(&String, &ScalarResourceStatus)> =
-        entries.iter().filter(|(_, e)| !e.error.is_empty()).collect();
+    let failing: Vec<(&String, &ScalarResourceStatus)> = entries
+        .iter()
+        .filter(|(_, e)| !e.error.is_empty())
+        .collect();
     if failing.is_empty() {
         return String::new();
     }

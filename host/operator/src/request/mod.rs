@@ -184,7 +184,11 @@ async fn propagate_force_detach(
         }
         let patch = serde_json::json!({"spec": {"force_detach": want}});
         match api
-            .patch(&r.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &r.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
             Ok(_) => {

@@ -176,6 +176,10 @@ async fn record_machine(
     let patch = serde_json::json!({"metadata": {"annotations": {
         ANNOTATION_NODE_MACHINE: machine.to_annotation()}}});
     Ok(api
-        .patch(&res.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &res.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?)
 }

@@ -258,12 +258,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
 }
 
 /// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
-async fn finish(
-    res: ComposableResource,
-    ctx: &Context,
-    uuid: &str,
-    steps: NodeSteps,
-) -> Outcome {
+async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeSteps) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
     let node = res.spec.target_node.clone();

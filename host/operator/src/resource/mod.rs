@@ -24,8 +24,8 @@ use kube::{Resource, ResourceExt};
 
 use crate::conditions;
 use crate::context::Context;
-use crate::node_machine::NodeMachine;
 use crate::error::ReconcileError;
+use crate::node_machine::NodeMachine;
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
 use crate::reconcile::{self, Step};

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::common::{self, CONVERGE, Env, MODEL, eventually, gpu};
 use cro_api::{
-    ANNOTATION_NODE_MACHINE, ANNOTATION_SKIP_NODE_STEPS, ComposabilityRequest,
-    ComposableResource, RequestState, ResourceState,
+    ANNOTATION_NODE_MACHINE, ANNOTATION_SKIP_NODE_STEPS, ComposabilityRequest, ComposableResource,
+    RequestState, ResourceState,
 };
 use cro_operator::config::{OperatorConfig, ProviderSource};
 use fabric_sim::{Fault, Route};
@@ -74,7 +74,9 @@ async fn node_command_failures_are_summed_up_on_the_request() {
 
     let req = eventually("the node's failure on the request", CONVERGE, || async {
         let r = env.request("stuck").await?;
-        request_error(&r).contains("error dialing backend").then_some(r)
+        request_error(&r)
+            .contains("error dialing backend")
+            .then_some(r)
     })
     .await;
     let name = env.resources_of("stuck").await[0].name_any();
@@ -189,12 +191,19 @@ async fn a_wrong_password_names_the_secret_and_its_keys() {
         common::OPERATOR_NS,
         cro_operator::compat::CREDENTIALS_SECRET
     );
-    let error = eventually("the credential failure on the request", CONVERGE, || async {
-        let e = request_error(&env.request("creds").await?);
-        e.contains(&secret).then_some(e)
-    })
+    let error = eventually(
+        "the credential failure on the request",
+        CONVERGE,
+        || async {
+            let e = request_error(&env.request("creds").await?);
+            e.contains(&secret).then_some(e)
+        },
+    )
     .await;
-    assert!(error.contains("password") && error.contains("401"), "{error}");
+    assert!(
+        error.contains("password") && error.contains("401"),
+        "{error}"
+    );
     let r = &env.resources_of("creds").await[0];
     assert!(resource_error(r).contains(&secret), "{r:?}");
     assert!(env.gpus_on(&env.sim.machines()[0].uuid).is_empty());
@@ -235,7 +244,9 @@ async fn force_detach_and_the_skip_annotation_unstick_a_detach() {
     for name in ["forced", "skipped"] {
         let req = eventually("the stuck cleanup explained", CONVERGE, || async {
             let r = env.request(name).await?;
-            request_error(&r).contains("error dialing backend").then_some(r)
+            request_error(&r)
+                .contains("error dialing backend")
+                .then_some(r)
         })
         .await;
         assert_eq!(req.state(), RequestState::Cleaning);
@@ -280,7 +291,9 @@ async fn force_detach_and_the_skip_annotation_unstick_a_detach() {
         .patch(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION_SKIP_NODE_STEPS: "true"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {ANNOTATION_SKIP_NODE_STEPS: "true"}}}),
+            ),
         )
         .await
         .unwrap();
@@ -343,13 +356,17 @@ async fn deleting_the_node_releases_its_devices_on_the_fabric() {
     // The sync still lists the machine through the resources' record: the stray device
     // is tracked as an orphan, then gets a release resource carrying the record.
     let metrics = env.metrics.clone().unwrap();
-    eventually("the stray device counted as an orphan", CONVERGE, || async {
-        metrics
-            .encode()
-            .lines()
-            .any(|l| l == "cro_orphan_devices 1")
-            .then_some(())
-    })
+    eventually(
+        "the stray device counted as an orphan",
+        CONVERGE,
+        || async {
+            metrics
+                .encode()
+                .lines()
+                .any(|l| l == "cro_orphan_devices 1")
+                .then_some(())
+        },
+    )
     .await;
     let release = eventually("a release resource for the stray", CONVERGE, || async {
         env.resources()
@@ -431,7 +448,10 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
         "https://fm.example:8443",
     ))
     .unwrap_err();
-    assert!(e.contains("\"tenant_idd\"") && e.contains("tenant_id"), "{e}");
+    assert!(
+        e.contains("\"tenant_idd\"") && e.contains("tenant_id"),
+        "{e}"
+    );
 
     // A grant that does not cover the endpoint.
     let e = check(spec(good, "https://fm.example:9443")).unwrap_err();
@@ -450,10 +470,9 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
         if let Some(c) = component {
             vars.insert("CRO_FTI_COMPONENT", c.to_owned());
         }
-        cro_operator::run::provider_spec(
-            &OperatorConfig::new(ProviderSource::GoEnvironment),
-            |k| vars.get(k).cloned(),
-        )
+        cro_operator::run::provider_spec(&OperatorConfig::new(ProviderSource::GoEnvironment), |k| {
+            vars.get(k).cloned()
+        })
         .map(|_| ())
         .map_err(|e| e.to_string())
     };
@@ -462,6 +481,9 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
         assert!(e.contains("set CRO_FTI_COMPONENT"), "{e}");
     }
     let e = go_env(Some("/nonexistent/fti.wasm")).unwrap_err();
-    assert!(e.contains("CRO_FTI_COMPONENT") && e.contains("/nonexistent/fti.wasm"), "{e}");
+    assert!(
+        e.contains("CRO_FTI_COMPONENT") && e.contains("/nonexistent/fti.wasm"),
+        "{e}"
+    );
     go_env(Some(component.to_str().unwrap())).unwrap();
 }
