@@ -319,6 +319,19 @@ async fn cro_run_works_under_the_charts_service_account() {
     let (metrics_port, probe_port) = (free(), free());
     let component = cro_test_support::component("fti-provider");
     let log = dir.path().join("cro.log");
+    // Another replica holds the Lease (and stops renewing): this one starts as a
+    // standby, says so, and takes over once the Lease has expired.
+    let held: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "c5744f42.hpsys.ibm.ie.com", "namespace": NS},
+        "spec": {"holderIdentity": "other-replica", "leaseDurationSeconds": 2,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now())},
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &held)
+        .await
+        .unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cro"))
         .args([
             "run",
@@ -440,6 +453,11 @@ async fn cro_run_works_under_the_charts_service_account() {
     ] {
         assert!(start.contains(&part), "{part} not in: {start}");
     }
+    let standby = text
+        .lines()
+        .find(|l| l.contains("standby"))
+        .unwrap_or_else(|| panic!("no standby line:\n{text}"));
+    assert!(standby.contains("leader=other-replica"), "{standby}");
     assert!(text.contains("became the leader"), "{text}");
     assert!(
         !text.contains("forbidden"),
