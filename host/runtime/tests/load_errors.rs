@@ -59,12 +59,12 @@ async fn a_random_file_is_refused() {
 async fn a_future_version_is_refused_by_name() {
     let err = load_file(cro_test_support::component("future-version-provider")).await;
     assert!(
-        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.2.0"),
+        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.3.0"),
         "{err:?}"
     );
     assert_eq!(
         err.to_string(),
-        "the component targets cro:provider@0.2.0; this host supports 0.1.0"
+        "the component targets cro:provider@0.3.0; this host supports 0.1.0, 0.2.0"
     );
 }
 
@@ -78,7 +78,9 @@ async fn a_component_of_another_world_is_refused() {
     assert_eq!(exports, &["greet".to_string()]);
     let text = err.to_string();
     assert!(
-        text.contains("does not export cro:provider/provider@0.1.0"),
+        text.contains(
+            "does not export cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0"
+        ),
         "{text}"
     );
     assert!(text.contains("it exports: greet"), "{text}");

@@ -13,6 +13,57 @@
 use crate::host::Host;
 use crate::model::ProviderError;
 
+/// Every configuration key: (name, required, meaning), as `describe` declares them.
+pub const KEYS: &[(&str, bool, &str)] = &[
+    (
+        "api_type",
+        true,
+        "FM (Fabric Manager) or CM (Cluster Manager)",
+    ),
+    (
+        "endpoint",
+        true,
+        "host:port/ (HTTPS implied) or a full http(s):// URL of the fabric",
+    ),
+    ("tenant_id", true, "the fabric tenant"),
+    (
+        "cluster_id",
+        false,
+        "the CM cluster; resolves nodes through OpenShift Machines",
+    ),
+    (
+        "username_key",
+        false,
+        "Secret key of the user name (default username)",
+    ),
+    (
+        "password_key",
+        false,
+        "Secret key of the password (default password)",
+    ),
+    (
+        "client_id_key",
+        false,
+        "Secret key of the OAuth client id (default client_id)",
+    ),
+    (
+        "client_secret_key",
+        false,
+        "Secret key of the OAuth client secret (default client_secret)",
+    ),
+    (
+        "realm_key",
+        false,
+        "Secret key of the identity realm (default realm)",
+    ),
+    ("timeout_ms", false, "per-request timeout asked of the host"),
+    (
+        "no_capacity_codes",
+        false,
+        "comma-separated extra fabric codes meaning no free device",
+    ),
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiType {
     /// Fabric Manager: synchronous attach/detach.

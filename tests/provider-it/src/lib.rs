@@ -322,6 +322,7 @@ impl Fixture {
             target_node: node.into(),
             device_id: None,
             fabric_device_id: None,
+            machine_id: None,
             force_detach: false,
         }
     }

@@ -107,7 +107,8 @@ fn attach_resizes_then_reports_in_progress_until_the_device_is_added() {
         fti.add_resource(&r).unwrap(),
         AddOutcome::Attached(AttachedDevice {
             device_id: "GPU-new".into(),
-            fabric_device_id: "u-new".into()
+            fabric_device_id: "u-new".into(),
+            machine_id: Some(MACHINE.into())
         })
     );
     assert_eq!(posts(&h), 1);
@@ -582,7 +583,8 @@ fn a_lost_resize_reply_never_asks_for_a_second_device() {
         fti.add_resource(&r).unwrap(),
         AddOutcome::Attached(AttachedDevice {
             device_id: "GPU-new".into(),
-            fabric_device_id: "u-new".into()
+            fabric_device_id: "u-new".into(),
+            machine_id: Some(MACHINE.into())
         })
     );
     assert_eq!(posts(&h), 1);
