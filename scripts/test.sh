@@ -32,6 +32,9 @@ CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked -
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
 
+step "FTI integration tests against the contract 0.1.0 build (old components keep working)"
+CRO_FTI_CONTRACT=0.1.0 cargo test -p provider-it --test fti --locked --no-fail-fast
+
 step "container image (built with buildah, then checked)"
 t0=$(date +%s)
 if [[ $(id -u) -eq 0 ]]; then

@@ -25,6 +25,7 @@
 //!     target_node: "worker-0".into(),
 //!     device_id: None,
 //!     fabric_device_id: None,
+//!     machine_id: None,
 //!     force_detach: false,
 //! };
 //! match provider.add_resource(&gpu).await {

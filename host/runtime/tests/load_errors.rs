@@ -166,3 +166,88 @@ fn inspect_refuses_non_components() {
     assert_eq!(cro_runtime::inspect(&module), Err(InspectError::CoreModule));
     assert_eq!(cro_runtime::inspect(b"hello"), Err(InspectError::NotWasm));
 }
+
+#[tokio::test]
+async fn a_0_2_0_component_declares_what_it_needs_and_0_1_0_does_not() {
+    let bytes = std::fs::read(cro_test_support::component("fti-provider")).unwrap();
+    let info = cro_runtime::inspect(&bytes).unwrap();
+    assert_eq!(info.contract_version.as_deref(), Some("0.2.0"));
+    assert!(info.supported_version);
+    assert!(info.unsatisfied_imports.is_empty(), "{info:?}");
+    let export = &info.exports[0];
+    assert_eq!(export.name, "cro:provider/cdi-provider@0.2.0");
+    assert_eq!(
+        export.functions,
+        [
+            "describe",
+            "add-resource",
+            "remove-resource",
+            "check-resource",
+            "get-resources"
+        ]
+    );
+    // 0.2.0 reuses the 0.1.0 capability interfaces: one host implementation for both.
+    let names: Vec<&str> = info.imports.iter().map(|i| i.name.as_str()).collect();
+    assert!(names.contains(&"cro:provider/http@0.1.0"), "{names:?}");
+    assert!(names.contains(&"cro:provider/types@0.2.0"), "{names:?}");
+
+    // `describe` runs at load with nothing granted (the load would fail if it used an
+    // import: every capability is denied).
+    let declared = runtime()
+        .describe_bytes(bytes)
+        .await
+        .unwrap()
+        .expect("a 0.2.0 component declares");
+    assert_eq!(declared.name, "fti");
+    assert_eq!(declared.capabilities.http, ["${endpoint}"]);
+    assert!(declared.capabilities.clocks);
+    assert!(
+        declared
+            .config
+            .iter()
+            .any(|k| k.name == "endpoint" && k.required)
+    );
+    let testkit = std::fs::read(testkit()).unwrap();
+    assert_eq!(runtime().describe_bytes(testkit).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn both_served_versions_load_side_by_side_with_their_reports() {
+    let rt = runtime();
+    let cluster = Arc::new(StaticCluster::new());
+    let old = rt
+        .load(&ProviderSpec::new("old", testkit()), cluster.clone())
+        .await
+        .unwrap();
+    let mut spec = ProviderSpec::new("fti", cro_test_support::component("fti-provider"));
+    spec.config
+        .insert("endpoint".into(), "fabric.example:8443/".into());
+    spec.config.insert("api_typo".into(), "FM".into());
+    let new = rt.load(&spec, cluster).await.unwrap();
+    assert_eq!(old.contract_version(), "0.1.0");
+    assert_eq!(new.contract_version(), "0.2.0");
+    assert!(old.info().is_none());
+    assert!(!old.capability_report().declared);
+    let report = new.capability_report();
+    assert!(report.declared);
+    assert!(
+        report
+            .wanted_not_granted
+            .contains(&"http https://fabric.example:8443 (${endpoint})".to_string()),
+        "{report:?}"
+    );
+    assert!(report.wanted_not_granted.contains(&"clocks".to_string()));
+    assert_eq!(report.unknown_config, ["api_typo"]);
+    assert!(report.missing_config.contains(&"api_type".to_string()));
+    // Both answer calls in the same runtime; the new one is refused its HTTP.
+    let gpu = common::gpu("gpu-a");
+    assert!(matches!(
+        old.add_resource(&gpu).await,
+        Ok(cro_runtime::AddOutcome::Attached(_))
+    ));
+    let err = new.add_resource(&gpu).await.unwrap_err();
+    assert!(
+        matches!(err, cro_runtime::CallError::Provider(_)),
+        "{err:?}"
+    );
+}
