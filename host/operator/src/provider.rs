@@ -420,6 +420,52 @@ mod tests {
         (inner.max.load(Ordering::SeqCst), metrics.encode())
     }
 
+    fn held(name: &str, uid: Option<&str>, device: Option<&str>) -> ComposableResource {
+        let mut r = ComposableResource::new(
+            name,
+            cro_api::ComposableResourceSpec {
+                resource_type: cro_api::ResourceType::Gpu,
+                model: "A100".into(),
+                target_node: "n1".into(),
+                force_detach: false,
+            },
+        );
+        r.metadata.uid = uid.map(str::to_owned);
+        if let Some(id) = device {
+            r.status = Some(cro_api::ComposableResourceStatus {
+                device_id: id.into(),
+                cdi_device_id: format!("fabric-{id}"),
+                ..Default::default()
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn claims_name_held_devices_and_the_attempt_key_is_the_uid() {
+        let rs = [
+            held("a", Some("uid-a"), Some("GPU-1")),
+            held("b", Some("uid-b"), None),
+        ];
+        assert_eq!(
+            claims(&rs),
+            [Claim {
+                resource: "a".into(),
+                device_id: Some("GPU-1".into()),
+                fabric_device_id: Some("fabric-GPU-1".into()),
+            }]
+        );
+        let req = add_request(&rs[1], claims(&rs));
+        assert_eq!(req.attempt_key, "uid-b");
+        assert_eq!(req.resource.name, "b");
+        assert_eq!(req.claims.len(), 1);
+        // A resource not yet stored (no uid) falls back to its name.
+        assert_eq!(
+            add_request(&held("c", None, None), Vec::new()).attempt_key,
+            "c"
+        );
+    }
+
     #[tokio::test]
     async fn changes_on_one_node_are_serialized_and_counted() {
         let (same, metrics) = max_overlap(["n1", "n1", "n1"]).await;

@@ -95,11 +95,10 @@ impl WasiView for CallCtx {
     }
 }
 
-/// Every import a provider may use: WASI (deny-everything context), each contract
-/// version's own interfaces, and each capability.
+/// The imports every provider may use: WASI (deny-everything context) and each
+/// capability. Each contract version's own interfaces are added by `crate::wit`.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    crate::wit::add_to_linker(linker)?;
     http::add_to_linker(linker, |c| &mut c.http)?;
     secrets::add_to_linker(linker, |c| &mut c.secrets)?;
     lookup::add_to_linker(linker, |c| &mut c.lookup)?;

@@ -174,6 +174,18 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
+        self.load_logged(spec, bytes, cluster, true).await
+    }
+
+    /// Loads; `log` says whether the load and its capability report are logged (not
+    /// for a provider made only to be described).
+    async fn load_logged(
+        &self,
+        spec: &ProviderSpec,
+        bytes: Vec<u8>,
+        cluster: Arc<dyn ClusterReader>,
+        log: bool,
+    ) -> Result<Provider, LoadError> {
         spec.validate()?;
         let engine = &self.inner.shared;
         if spec.limits.memory_bytes > engine.options.max_memory_bytes {
@@ -228,22 +240,8 @@ impl Runtime {
             .await
             .map_err(|e| LoadError::Describe(e.to_string()))?;
         let report = CapabilityReport::new(declared.as_ref(), spec);
-        tracing::info!(
-            provider = %spec.name,
-            contract = version.as_str(),
-            "provider loaded"
-        );
-        if !report.declared {
-            tracing::info!(provider = %spec.name, "provider capabilities: not declared");
-        } else if !report.is_clean() {
-            tracing::warn!(
-                provider = %spec.name,
-                wanted_not_granted = ?report.wanted_not_granted,
-                granted_not_wanted = ?report.granted_not_wanted,
-                unknown_config = ?report.unknown_config,
-                missing_config = ?report.missing_config,
-                "provider capabilities differ from its grants"
-            );
+        if log {
+            log_load(spec, version, &report);
         }
         provider.set_declared(declared, report);
         Ok(provider)
@@ -254,7 +252,7 @@ impl Runtime {
     pub async fn describe_bytes(&self, bytes: Vec<u8>) -> Result<Option<ProviderInfo>, LoadError> {
         let spec = ProviderSpec::new("inspect", "component.wasm");
         let cluster = Arc::new(crate::cluster::StaticCluster::new());
-        let provider = self.load_bytes(&spec, bytes, cluster).await?;
+        let provider = self.load_logged(&spec, bytes, cluster, false).await?;
         Ok(provider.info().cloned())
     }
 
@@ -347,5 +345,33 @@ impl Runtime {
         }
         cache.entry(key).or_default().push(compiled.clone());
         Ok(compiled)
+    }
+}
+
+/// The load's log line: the operator's record of what a provider declared and what it
+/// is granted (a warning when they differ).
+fn log_load(spec: &ProviderSpec, version: Version, report: &CapabilityReport) {
+    if !report.declared {
+        tracing::info!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            "provider loaded; its capabilities are not declared"
+        );
+    } else if report.is_clean() {
+        tracing::info!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            "provider loaded; its grants match what it declares"
+        );
+    } else {
+        tracing::warn!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            wanted_not_granted = ?report.wanted_not_granted,
+            granted_not_wanted = ?report.granted_not_wanted,
+            unknown_config = ?report.unknown_config,
+            missing_config = ?report.missing_config,
+            "provider loaded; its capabilities differ from its grants"
+        );
     }
 }

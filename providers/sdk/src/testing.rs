@@ -11,15 +11,19 @@ use std::time::{Duration, SystemTime};
 use crate::host::{Host, HttpError, HttpRequest, HttpResponse, LogLevel, LookupError, SecretError};
 
 type Handler = Box<dyn Fn(&HttpRequest) -> Result<HttpResponse, HttpError>>;
+/// (api version, kind, namespace, name).
+type ObjectKey = (String, String, Option<String>, String);
+/// A value and when it expires.
+type Entry = (Vec<u8>, Option<SystemTime>);
 
 /// The test double. Interior mutability, like the real host (`&self` everywhere).
 pub struct TestHost {
     config: RefCell<BTreeMap<String, String>>,
     secrets: RefCell<BTreeMap<String, String>>,
     nodes: RefCell<BTreeMap<String, String>>,
-    objects: RefCell<BTreeMap<(String, String, Option<String>, String), String>>,
+    objects: RefCell<BTreeMap<ObjectKey, String>>,
     /// key -> (value, expiry).
-    state: RefCell<BTreeMap<String, (Vec<u8>, Option<SystemTime>)>>,
+    state: RefCell<BTreeMap<String, Entry>>,
     now: Cell<SystemTime>,
     http: RefCell<Option<Handler>>,
     requests: RefCell<Vec<HttpRequest>>,

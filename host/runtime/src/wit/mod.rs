@@ -6,6 +6,7 @@
 //! [`Version`] case, a [`ProviderPre`]/[`ProviderInstance`] case, and its entries in
 //! [`SUPPORTED_VERSIONS`] and [`OWN_INTERFACES`] (docs/ARCHITECTURE.md).
 
+pub(crate) mod imports;
 mod since_v0_1_0;
 mod since_v0_2_0;
 
@@ -17,14 +18,6 @@ use crate::domain::{
     AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, ProviderError, ProviderInfo,
     RemoveOutcome,
 };
-
-/// The capability import interfaces, as every version imports them (they have not
-/// changed since 0.1.0). The capability modules implement these.
-pub(crate) mod imports {
-    pub(crate) use super::since_v0_1_0::cro::provider::{
-        config, http, log, lookup, secrets, state,
-    };
-}
 
 /// Contract versions this host serves, oldest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.1.0", "0.2.0"];
@@ -86,8 +79,8 @@ pub(crate) fn same_minor(a: &str, b: &str) -> bool {
     }
 }
 
-/// Every version's own interfaces in the linker (the capability imports are added by
-/// `crate::call`).
+/// Every version's own interfaces in the linker (the capability imports, shared by all
+/// versions, are added by `crate::call`).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
     since_v0_1_0::add_to_linker(linker)?;
     since_v0_2_0::add_to_linker(linker)

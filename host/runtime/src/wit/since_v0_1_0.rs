@@ -1,7 +1,7 @@
 //! Contract `cro:provider@0.1.0` (`wit/since_v0.1.0`, world `provider-world`): its
 //! bindgen world, the export calls, and the conversions to and from the host's domain
-//! types. The capability imports it defines are the ones every version uses (see
-//! `super::imports`).
+//! types. The capability imports it defines are the ones every version uses; their
+//! bindings live in `super::imports`.
 
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, Linker};
@@ -12,14 +12,14 @@ use crate::domain::{self, AddRequest, Claim};
 wasmtime::component::bindgen!({
     path: "../../wit/since_v0.1.0",
     world: "provider-world",
-    imports: {
-        // Host I/O: async, and trappable so the call's deadline can end the call from
-        // inside a host import.
-        "cro:provider/http.send": async | trappable,
-        "cro:provider/secrets.get": async | trappable,
-        "cro:provider/lookup": async | trappable,
-        // The log budget ends a call that logs past it.
-        "cro:provider/log.log": trappable,
+    // The capability imports are shared by every version (`super::imports`).
+    with: {
+        "cro:provider/http": crate::wit::imports::cro::provider::http,
+        "cro:provider/secrets": crate::wit::imports::cro::provider::secrets,
+        "cro:provider/lookup": crate::wit::imports::cro::provider::lookup,
+        "cro:provider/config": crate::wit::imports::cro::provider::config,
+        "cro:provider/log": crate::wit::imports::cro::provider::log,
+        "cro:provider/state": crate::wit::imports::cro::provider::state,
     },
     exports: { default: async },
 });
