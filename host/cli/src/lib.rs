@@ -254,7 +254,10 @@ pub fn render_declared(
         let lookup = c
             .lookup
             .iter()
-            .map(|l| format!("{} {}", l.api_version, l.kind))
+            .map(|l| match &l.when_config {
+                Some(key) => format!("{} {} (with {key})", l.api_version, l.kind),
+                None => format!("{} {}", l.api_version, l.kind),
+            })
             .collect::<Vec<_>>();
         let _ = writeln!(
             out,

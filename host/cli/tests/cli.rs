@@ -94,7 +94,7 @@ fn prints_the_capability_report_of_the_fti_component() {
     std::fs::write(
         &spec,
         format!(
-            "name: fti\ncomponent: {}\nconfig: {{api_type: FM, endpoint: \"fabric.example:8443/\", tenant_id: t, tennant: typo}}\n\
+            "name: fti\ncomponent: {}\nconfig: {{api_type: CM, endpoint: \"fabric.example:8443/\", tenant_id: t, cluster_id: c1, tennant: typo}}\n\
              grants:\n  http: [{{url: \"https://fabric.example:8443\"}}, {{url: \"https://elsewhere.example\"}}]\n\
              \x20 secret: {{namespace: cro-system, name: credentials, keys: [username, password, client_id, client_secret, realm]}}\n\
              \x20 lookup: [{{api_version: v1, kind: Node}}]\n",

@@ -154,6 +154,9 @@ pub struct DeviceKind {
 pub struct LookupKind {
     pub api_version: String,
     pub kind: String,
+    /// Needed only when this configuration key is set; `None`: always.
+    #[serde(default)]
+    pub when_config: Option<String>,
 }
 
 /// The capabilities a provider says it needs.

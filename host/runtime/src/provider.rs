@@ -565,6 +565,7 @@ impl Clipper<'_> {
                     .map(|l| crate::domain::LookupKind {
                         api_version: self.prose(l.api_version),
                         kind: self.prose(l.kind),
+                        when_config: l.when_config.map(|k| self.prose(k)),
                     })
                     .collect(),
                 clocks: i.capabilities.clocks,

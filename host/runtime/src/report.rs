@@ -81,7 +81,17 @@ impl CapabilityReport {
             }
         }
 
-        for l in &wanted.lookup {
+        // A kind wanted only with some configuration key is not wanted without it.
+        let lookups: Vec<_> = wanted
+            .lookup
+            .iter()
+            .filter(|l| {
+                l.when_config
+                    .as_ref()
+                    .is_none_or(|k| spec.config.contains_key(k))
+            })
+            .collect();
+        for l in &lookups {
             if !grants.allows_lookup(&l.api_version, &l.kind) {
                 report
                     .wanted_not_granted
@@ -89,11 +99,7 @@ impl CapabilityReport {
             }
         }
         for g in &grants.lookup {
-            if !wanted
-                .lookup
-                .iter()
-                .any(|l| g.allows(&l.api_version, &l.kind))
-            {
+            if !lookups.iter().any(|l| g.allows(&l.api_version, &l.kind)) {
                 report
                     .granted_not_wanted
                     .push(format!("lookup {} {}", g.api_version, g.kind));
@@ -197,10 +203,18 @@ mod tests {
             capabilities: WantedCapabilities {
                 http: vec!["${endpoint}".into(), "https://idm.example".into()],
                 secret_keys: vec!["username".into(), "password".into()],
-                lookup: vec![LookupKind {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                }],
+                lookup: vec![
+                    LookupKind {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        when_config: None,
+                    },
+                    LookupKind {
+                        api_version: "metal3.io/v1alpha1".into(),
+                        kind: "BareMetalHost".into(),
+                        when_config: Some("cluster_id".into()),
+                    },
+                ],
                 clocks: true,
             },
             config: vec![
@@ -241,6 +255,15 @@ mod tests {
         let r = CapabilityReport::new(Some(&info()), &spec());
         assert!(r.declared);
         assert!(r.is_clean(), "{r:?}");
+        // With `cluster_id` set, the BareMetalHost lookup is wanted too.
+        let mut with_cluster = spec();
+        with_cluster.config.insert("cluster_id".into(), "c".into());
+        let r = CapabilityReport::new(Some(&info()), &with_cluster);
+        assert_eq!(
+            r.wanted_not_granted,
+            ["lookup metal3.io/v1alpha1 BareMetalHost"]
+        );
+        assert_eq!(r.unknown_config, ["cluster_id"]);
     }
 
     #[test]
@@ -251,6 +274,7 @@ mod tests {
             .http
             .push(HttpGrant::new("https://other.example".parse().unwrap()));
         spec.grants.secret.as_mut().unwrap().keys = vec!["username".into(), "token".into()];
+        // Granted, but wanted only with `cluster_id`, which is not set.
         spec.grants.lookup = vec![LookupGrant::new("metal3.io/v1alpha1", "BareMetalHost")];
         spec.grants.wasi.clocks = false;
         spec.config.insert("api_typo".into(), "FM".into());

@@ -197,8 +197,10 @@ pub fn info() -> ProviderInfo {
             secret_keys: keys.iter().map(|k| k.to_string()).collect(),
             lookup: vec![
                 LookupKind::new("v1", "Node"),
-                LookupKind::new(machine::MACHINE_API_VERSION, "Machine"),
-                LookupKind::new(machine::BMH_API_VERSION, "BareMetalHost"),
+                // The OpenShift/Metal3 chain is followed only with a CM cluster id.
+                LookupKind::new(machine::MACHINE_API_VERSION, "Machine").when_config("cluster_id"),
+                LookupKind::new(machine::BMH_API_VERSION, "BareMetalHost")
+                    .when_config("cluster_id"),
             ],
             // The cached token's expiry is read against the wall clock.
             clocks: true,

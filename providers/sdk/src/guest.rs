@@ -305,6 +305,7 @@ mod export {
                     .map(|l| wit::LookupKind {
                         api_version: l.api_version,
                         kind: l.kind,
+                        when_config: l.when_config,
                     })
                     .collect(),
                 clocks: i.capabilities.clocks,

@@ -179,13 +179,25 @@ pub struct LookupKind {
     /// `v1` or `group/version`.
     pub api_version: String,
     pub kind: String,
+    /// Needed only when this configuration key is set; `None`: always.
+    pub when_config: Option<String>,
 }
 
 impl LookupKind {
+    /// A kind always read.
     pub fn new(api_version: &str, kind: &str) -> Self {
         LookupKind {
             api_version: api_version.into(),
             kind: kind.into(),
+            when_config: None,
+        }
+    }
+
+    /// A kind read only when configuration key `key` is set.
+    pub fn when_config(self, key: &str) -> Self {
+        LookupKind {
+            when_config: Some(key.into()),
+            ..self
         }
     }
 }

@@ -211,6 +211,7 @@ impl From<wit::ProviderInfo> for domain::ProviderInfo {
                     .map(|l| domain::LookupKind {
                         api_version: l.api_version,
                         kind: l.kind,
+                        when_config: l.when_config,
                     })
                     .collect(),
                 clocks: caps.clocks,

@@ -17,10 +17,20 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
     assert_eq!(new.contract_version(), "0.2.0");
     assert_eq!(old.contract_version(), "0.1.0");
 
-    // The fixture's grants are exactly what FTI declares it needs.
+    // The fixture grants what FTI needs, plus the OpenShift lookups FTI wants only with
+    // a `cluster_id` (Cluster Manager), which this Fabric Manager fixture does not set.
     let report = new.capability_report();
     assert!(report.declared);
-    assert!(report.is_clean(), "{report}");
+    assert!(report.wanted_not_granted.is_empty(), "{report}");
+    assert_eq!(
+        report.granted_not_wanted,
+        [
+            "lookup machine.openshift.io/v1beta1 Machine",
+            "lookup metal3.io/v1alpha1 BareMetalHost"
+        ],
+        "{report}"
+    );
+    assert!(report.unknown_config.is_empty() && report.missing_config.is_empty());
     assert!(!old.capability_report().declared);
     assert_eq!(new.info().map(|i| i.name.as_str()), Some("fti"));
 
@@ -97,4 +107,14 @@ async fn a_recorded_machine_detaches_without_the_node() {
             .and_then(|s| s.machine)
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn the_cluster_manager_fixture_grants_exactly_what_fti_declares() {
+    let fx = Fixture::builder(Api::Cm)
+        .with_build(Build::V0_2)
+        .start()
+        .await;
+    let report = fx.provider.capability_report();
+    assert!(report.declared && report.is_clean(), "{report}");
 }
