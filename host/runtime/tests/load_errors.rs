@@ -251,3 +251,46 @@ async fn both_served_versions_load_side_by_side_with_their_reports() {
         "{err:?}"
     );
 }
+
+/// A hand-written contract 0.2.0 provider whose every export traps, `describe` included.
+fn trapping_v0_2_0() -> Vec<u8> {
+    let wat = r#"(module
+      (memory (export "memory") 1)
+      (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#describe") (result i32) unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#add-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#remove-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#check-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#get-resources") (param i32 i32) (result i32)
+        unreachable))"#;
+    let mut module = wat::parse_str(wat).unwrap();
+    let wit = cro_test_support::workspace_root().join("wit/since_v0.2.0");
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(&wit).unwrap();
+    let world = resolve
+        .select_world(&[package], Some("provider-world"))
+        .unwrap();
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_describe_that_traps_fails_the_load() {
+    let err = load_bytes(trapping_v0_2_0()).await;
+    assert!(matches!(err, LoadError::Describe(_)), "{err:?}");
+    assert!(err.to_string().contains("describe failed at load"), "{err}");
+}
