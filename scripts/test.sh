@@ -25,12 +25,15 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "provider components (wasm32-wasip2) and their lints"
-build_components -p fti-provider -p cro-testkit -p future-version-provider
+build_components -p fti-provider -p fti-v0-1-0 -p cro-testkit -p future-version-provider
 CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked --target wasm32-wasip2 \
-  -p fti-provider -p cro-testkit -- -D warnings
+  -p fti-provider -p fti-v0-1-0 -p cro-provider-sdk -p cro-testkit -- -D warnings
 
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
+
+step "FTI integration tests against the contract 0.1.0 build (old components keep working)"
+CRO_FTI_CONTRACT=0.1.0 cargo test -p provider-it --test fti --locked --no-fail-fast
 
 step "container image (built with buildah, then checked)"
 t0=$(date +%s)

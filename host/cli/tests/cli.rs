@@ -61,6 +61,69 @@ fn inspects_a_real_provider() {
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["contract_version"], "0.1.0");
     assert_eq!(value["exports"][0]["name"], "cro:provider/provider@0.1.0");
+    assert_eq!(value["capability_report"]["declared"], false);
+    assert!(
+        stdout.contains("capabilities: not declared"),
+        "a 0.1.0 component has no describe: {stdout}"
+    );
+}
+
+#[test]
+fn prints_the_capability_report_of_the_fti_component() {
+    let fti = cro_test_support::component("fti-provider");
+    // Nothing granted: everything FTI wants is missing.
+    let (ok, stdout, stderr) = inspect(&fti, &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("contract:  cro:provider@0.2.0 (supported)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("provider:  fti "), "{stdout}");
+    assert!(stdout.contains("endpoint (required)"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "wanted but not granted: http ${endpoint}: configuration key `endpoint` is not set, \
+             secret key username"
+        ),
+        "{stdout}"
+    );
+
+    // A spec granting a little too much and too little.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("fti.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: fti\ncomponent: {}\nconfig: {{api_type: CM, endpoint: \"fabric.example:8443/\", tenant_id: t, cluster_id: c1, tennant: typo}}\n\
+             grants:\n  http: [{{url: \"https://fabric.example:8443\"}}, {{url: \"https://elsewhere.example\"}}]\n\
+             \x20 secret: {{namespace: cro-system, name: credentials, keys: [username, password, client_id, client_secret, realm]}}\n\
+             \x20 lookup: [{{api_version: v1, kind: Node}}]\n",
+            fti.display()
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = inspect(&fti, &["--spec", spec.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(
+            "wanted but not granted: lookup machine.openshift.io/v1beta1 Machine, \
+             lookup metal3.io/v1alpha1 BareMetalHost, clocks"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("granted but never wanted: http https://elsewhere.example:443"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("config keys not accepted: tennant"),
+        "{stdout}"
+    );
+
+    let (_, json, _) = inspect(&fti, &["--json", "--spec", spec.to_str().unwrap()]);
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["provider"]["name"], "fti");
+    assert_eq!(value["capability_report"]["unknown_config"][0], "tennant");
 }
 
 #[test]
@@ -69,11 +132,11 @@ fn refuses_what_this_host_cannot_load() {
     let (ok, stdout, stderr) = inspect(&future, &[]);
     assert!(!ok);
     assert!(
-        stdout.contains("cro:provider@0.2.0 (NOT supported"),
+        stdout.contains("cro:provider@0.3.0 (NOT supported"),
         "{stdout}"
     );
     assert!(
-        stderr.contains("it targets cro:provider@0.2.0; this host supports 0.1.0"),
+        stderr.contains("it targets cro:provider@0.3.0; this host supports 0.1.0, 0.2.0"),
         "{stderr}"
     );
 

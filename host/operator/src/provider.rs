@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use cro_api::{ComposableResource, ResourceType};
 use cro_runtime::CallError;
-use cro_runtime::domain::{self, AddOutcome, DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
+use cro_runtime::domain::{
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, DeviceType, ProviderError, RemoveOutcome,
+};
 use futures::future::BoxFuture;
 use kube::ResourceExt;
 
@@ -62,6 +64,18 @@ pub trait DeviceProvider: Send + Sync + 'static {
     ) -> BoxFuture<'a, ProviderResult<()>>;
 
     fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>>;
+
+    /// An attach with what the cluster knows (claims, attempt key). Providers of
+    /// contract 0.1.0, and test doubles, see the resource only.
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        self.add_resource(&request.resource)
+    }
+
+    /// The fabric's devices, telling the provider which ComposableResources hold which.
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        let _ = claims;
+        self.get_resources()
+    }
 
     /// Capability requests the provider's grants refused so far, where it keeps count.
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
@@ -121,6 +135,14 @@ impl DeviceProvider for cro_runtime::Provider {
     fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
         Box::pin(cro_runtime::Provider::get_resources(self))
     }
+
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(cro_runtime::Provider::add(self, request))
+    }
+
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(cro_runtime::Provider::list(self, claims))
+    }
 }
 
 /// The operations, for metrics and messages.
@@ -165,7 +187,39 @@ pub fn to_domain(resource: &ComposableResource) -> domain::ComposableResource {
         target_node: resource.spec.target_node.clone(),
         device_id: resource.device_id().map(str::to_owned),
         fabric_device_id: resource.cdi_device_id().map(str::to_owned),
+        // Recorded on the status by the status work (issue 15); until then the
+        // provider finds the machine through the Node.
+        machine_id: None,
         force_detach: resource.spec.force_detach,
+    }
+}
+
+/// The devices ComposableResources hold (their status, or the device an orphan's
+/// ready-to-detach label names), as claims for the provider.
+pub fn claims(resources: &[ComposableResource]) -> Vec<Claim> {
+    resources
+        .iter()
+        .filter_map(|r| {
+            let orphan = r.ready_to_detach().map(|o| o.device_id);
+            let device_id = r.device_id().map(str::to_owned).or(orphan)?;
+            Some(Claim {
+                resource: r.name_any(),
+                device_id: Some(device_id),
+                fabric_device_id: r.cdi_device_id().map(str::to_owned),
+            })
+        })
+        .collect()
+}
+
+/// The attach request for `resource`. Its attempt key is the resource's uid: a
+/// ComposableResource is attached at most once in its life, so the uid is the same for
+/// every retry of that attach (across operator restarts too) and differs for any other.
+pub fn add_request(resource: &ComposableResource, claims: Vec<Claim>) -> AddRequest {
+    AddRequest {
+        attempt_key: resource.uid().unwrap_or_else(|| resource.name_any()),
+        resource: to_domain(resource),
+        size_bytes: None,
+        claims,
     }
 }
 
@@ -244,14 +298,11 @@ impl InstrumentedProvider {
         }
     }
 
-    pub async fn add(
-        &self,
-        guard: &NodeGuard,
-        r: &domain::ComposableResource,
-    ) -> ProviderResult<AddOutcome> {
+    pub async fn add(&self, guard: &NodeGuard, request: &AddRequest) -> ProviderResult<AddOutcome> {
+        let r = &request.resource;
         Self::check_guard(guard, r)?;
         let started = Instant::now();
-        let result = self.inner.add_resource(r).await;
+        let result = self.inner.add(request).await;
         let outcome = match &result {
             Ok(AddOutcome::InProgress(_)) => "in_progress",
             _ => "ok",
@@ -286,8 +337,13 @@ impl InstrumentedProvider {
     }
 
     pub async fn list(&self) -> ProviderResult<Vec<DeviceInfo>> {
+        self.list_claimed(&[]).await
+    }
+
+    /// Like [`Self::list`], telling the provider what ComposableResources hold.
+    pub async fn list_claimed(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
         let started = Instant::now();
-        let result = self.inner.get_resources().await;
+        let result = self.inner.list(claims).await;
         self.record(Operation::List, started, &result, "ok");
         result
     }
@@ -346,6 +402,7 @@ mod tests {
             target_node: node.into(),
             device_id: None,
             fabric_device_id: None,
+            machine_id: None,
             force_detach: false,
         }
     }
@@ -357,10 +414,56 @@ mod tests {
         let calls = nodes.map(resource);
         futures::future::join_all(calls.iter().map(|r| async {
             let guard = p.lock_node(&r.target_node).await;
-            p.add(&guard, r).await
+            p.add(&guard, &AddRequest::new(r.clone())).await
         }))
         .await;
         (inner.max.load(Ordering::SeqCst), metrics.encode())
+    }
+
+    fn held(name: &str, uid: Option<&str>, device: Option<&str>) -> ComposableResource {
+        let mut r = ComposableResource::new(
+            name,
+            cro_api::ComposableResourceSpec {
+                resource_type: cro_api::ResourceType::Gpu,
+                model: "A100".into(),
+                target_node: "n1".into(),
+                force_detach: false,
+            },
+        );
+        r.metadata.uid = uid.map(str::to_owned);
+        if let Some(id) = device {
+            r.status = Some(cro_api::ComposableResourceStatus {
+                device_id: id.into(),
+                cdi_device_id: format!("fabric-{id}"),
+                ..Default::default()
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn claims_name_held_devices_and_the_attempt_key_is_the_uid() {
+        let rs = [
+            held("a", Some("uid-a"), Some("GPU-1")),
+            held("b", Some("uid-b"), None),
+        ];
+        assert_eq!(
+            claims(&rs),
+            [Claim {
+                resource: "a".into(),
+                device_id: Some("GPU-1".into()),
+                fabric_device_id: Some("fabric-GPU-1".into()),
+            }]
+        );
+        let req = add_request(&rs[1], claims(&rs));
+        assert_eq!(req.attempt_key, "uid-b");
+        assert_eq!(req.resource.name, "b");
+        assert_eq!(req.claims.len(), 1);
+        // A resource not yet stored (no uid) falls back to its name.
+        assert_eq!(
+            add_request(&held("c", None, None), Vec::new()).attempt_key,
+            "c"
+        );
     }
 
     #[tokio::test]

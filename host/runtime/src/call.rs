@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::bindings::cro::provider::types;
 use crate::budget::BudgetCounters;
 use crate::caps::config::ConfigCall;
 use crate::caps::http::{Http, HttpCall};
@@ -96,12 +95,10 @@ impl WasiView for CallCtx {
     }
 }
 
-impl types::Host for CallCtx {}
-
-/// Every import a provider may use: WASI (deny-everything context) and each capability.
+/// The imports every provider may use: WASI (deny-everything context) and each
+/// capability. Each contract version's own interfaces are added by `crate::wit`.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    types::add_to_linker::<CallCtx, HasSelf<CallCtx>>(linker, |c| c)?;
     http::add_to_linker(linker, |c| &mut c.http)?;
     secrets::add_to_linker(linker, |c| &mut c.secrets)?;
     lookup::add_to_linker(linker, |c| &mut c.lookup)?;

@@ -100,6 +100,7 @@ impl EngineShared {
         let engine = engine(&options)?;
         let mut linker = Linker::new(&engine);
         call::add_to_linker(&mut linker).map_err(|e| EngineError(error_chain(&e)))?;
+        crate::wit::add_to_linker(&mut linker).map_err(|e| EngineError(error_chain(&e)))?;
         start_ticker(&engine, options.epoch_tick)?;
         let clock = options
             .wall_clock

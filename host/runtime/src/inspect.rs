@@ -7,12 +7,21 @@ use wasmtime::component::types::ComponentItem;
 
 use crate::base::{base_config, error_chain};
 
-/// The exported interface every provider implements (without version).
-pub const PROVIDER_INTERFACE: &str = "cro:provider/provider";
+pub use crate::wit::SUPPORTED_VERSIONS;
+use crate::wit::{EXPORTS, OWN_INTERFACES, PACKAGE, same_minor};
+
 /// The world providers target (without version).
 pub const PROVIDER_WORLD: &str = "cro:provider/provider-world";
-/// Contract versions this host serves.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.1.0"];
+
+/// The provider interfaces this host can call, with versions, for messages:
+/// `cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0`.
+pub fn served_exports() -> String {
+    EXPORTS
+        .iter()
+        .map(|(v, i)| format!("{PACKAGE}/{i}@{v}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
 
 /// Why bytes could not be inspected as a component.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,7 +56,8 @@ pub struct Item {
 pub struct ComponentInfo {
     /// `cro:provider/provider-world@<version>` when it exports the provider interface.
     pub world: Option<String>,
-    /// The version of the exported `cro:provider/provider` interface.
+    /// The version of the exported `cro:provider` interface (`provider` in 0.1.0,
+    /// `cdi-provider` since 0.2.0).
     pub contract_version: Option<String>,
     /// Whether this host serves that version.
     pub supported_version: bool,
@@ -115,12 +125,13 @@ pub(crate) fn describe(engine: &Engine, component: &Component) -> ComponentInfo 
         .exports(engine)
         .map(|(name, e)| item(engine, name, &e.ty))
         .collect();
+    // Any exported interface of the contract's package says which version the
+    // component targets, even one this host does not know.
     let contract_version = exports.iter().find_map(|e| {
-        let rest = e.name.strip_prefix(PROVIDER_INTERFACE)?;
-        match rest.strip_prefix('@') {
-            Some(version) => Some(version.to_string()),
-            None if rest.is_empty() => Some("unversioned".to_string()),
-            None => None,
+        let rest = e.name.strip_prefix(PACKAGE)?.strip_prefix('/')?;
+        match rest.split_once('@') {
+            Some((_, version)) => Some(version.to_string()),
+            None => Some("unversioned".to_string()),
         }
     });
     let supported_version = contract_version
@@ -142,25 +153,6 @@ pub(crate) fn describe(engine: &Engine, component: &Component) -> ComponentInfo 
         unsatisfied_imports,
     }
 }
-
-/// `0.x.*` versions are compatible within the same `x` (the component model's semver rule).
-fn same_minor(a: &str, b: &str) -> bool {
-    let key = |v: &str| -> Option<(u64, u64)> {
-        let mut parts = v.split('.');
-        let major = parts.next()?.parse().ok()?;
-        let minor = parts.next()?.parse().ok()?;
-        Some((major, minor))
-    };
-    match (key(a), key(b)) {
-        (Some((0, a_minor)), Some((0, b_minor))) => a_minor == b_minor,
-        (Some((a_major, _)), Some((b_major, _))) => a_major != 0 && a_major == b_major,
-        _ => false,
-    }
-}
-
-const CRO_INTERFACES: &[&str] = &[
-    "types", "http", "secrets", "lookup", "config", "log", "state",
-];
 
 const WASI_INTERFACES: &[(&str, &[&str])] = &[
     ("io", &["error", "poll", "streams"]),
@@ -206,10 +198,9 @@ fn host_provides(name: &str) -> bool {
         return false;
     };
     match package {
-        "cro:provider" => {
-            CRO_INTERFACES.contains(&interface)
-                && SUPPORTED_VERSIONS.iter().any(|s| same_minor(s, version))
-        }
+        PACKAGE => OWN_INTERFACES
+            .iter()
+            .any(|(v, ifaces)| same_minor(v, version) && ifaces.contains(&interface)),
         _ => package.strip_prefix("wasi:").is_some_and(|wasi| {
             same_minor("0.2.0", version)
                 && WASI_INTERFACES
@@ -240,6 +231,7 @@ mod tests {
         for ok in [
             "cro:provider/http@0.1.0",
             "cro:provider/state@0.1.3",
+            "cro:provider/types@0.2.0",
             "wasi:cli/environment@0.2.6",
             "wasi:io/streams@0.2.0",
             "wasi:sockets/tcp@0.2.3",
@@ -248,6 +240,7 @@ mod tests {
         }
         for missing in [
             "cro:provider/http@0.2.0",
+            "cro:provider/types@0.3.0",
             "cro:provider/backdoor@0.1.0",
             "wasi:http/outgoing-handler@0.2.0",
             "wasi:cli/environment@0.3.0",
@@ -256,14 +249,5 @@ mod tests {
         ] {
             assert!(!host_provides(missing), "{missing}");
         }
-    }
-
-    #[test]
-    fn versions_compare_like_the_component_model() {
-        assert!(same_minor("0.1.0", "0.1.7"));
-        assert!(!same_minor("0.1.0", "0.2.0"));
-        assert!(same_minor("1.0.0", "1.4.0"));
-        assert!(!same_minor("1.0.0", "2.0.0"));
-        assert!(!same_minor("0.1.0", "unversioned"));
     }
 }

@@ -1,7 +1,8 @@
 //! `cro-runtime`: the sandboxed host for cro vendor providers.
 //!
-//! A provider is a WebAssembly component of the `cro:provider/provider-world@0.1.0` world
-//! (`wit/since_v0.1.0`). The [`Runtime`] compiles it once with one shared wasmtime engine
+//! A provider is a WebAssembly component of a `cro:provider/provider-world` world, of
+//! any version in [`wit::SUPPORTED_VERSIONS`] (`wit/since_v*`); [`wit`] picks the
+//! version's bindings when the component is loaded. The [`Runtime`] compiles it once with one shared wasmtime engine
 //! (component model, pooling allocator, epoch interruption) and hands out a [`Provider`]
 //! whose async methods run the four operations. A provider reaches the outside world only
 //! through its host imports, and every import asks the provider's [`gate::Gate`] first,
@@ -24,6 +25,7 @@
 //!     target_node: "worker-0".into(),
 //!     device_id: None,
 //!     fabric_device_id: None,
+//!     machine_id: None,
 //!     force_detach: false,
 //! };
 //! match provider.add_resource(&gpu).await {
@@ -76,9 +78,10 @@
 //! - [`cluster`]: read-only cluster access ([`cluster::StaticCluster`],
 //!   [`cluster::KubeCluster`]).
 //! - [`mod@inspect`]: a component's world, version, imports and exports.
+//! - [`wit`]: the contract versions served (one module each) behind one dispatch.
+//! - [`report`]: what a provider declares it needs against what it is granted.
 
 mod base;
-pub mod bindings;
 pub mod budget;
 mod call;
 pub mod caps;
@@ -89,16 +92,19 @@ pub mod gate;
 pub mod grants;
 pub mod inspect;
 mod provider;
+pub mod report;
 mod runtime;
+pub mod wit;
 
 pub use base::WallClock;
 pub use budget::{Budget, BudgetCounters, BudgetExceeded};
 pub use domain::{
-    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, FabricError,
-    ProviderError, RemoveOutcome,
+    AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
+    FabricError, ProviderError, ProviderInfo, RemoveOutcome,
 };
 pub use engine::{EngineError, RuntimeOptions};
 pub use grants::{GrantError, Limits, ProviderSpec};
 pub use inspect::{ComponentInfo, InspectError, inspect};
 pub use provider::{CallError, Provider};
+pub use report::CapabilityReport;
 pub use runtime::{LoadError, Runtime};

@@ -8,26 +8,25 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use wasmtime::{Store, UpdateDeadline};
 
 use crate::base::{DeadlineExceeded, clip, error_chain, escape_line, needs_escape};
-use crate::bindings::ProviderWorldPre;
-use crate::bindings::cro::provider::types as wit;
-use crate::bindings::exports::cro::provider::provider::Guest;
 use crate::budget::{Budget, BudgetCounters, BudgetExceeded};
 use crate::call::{CallCtx, ProviderCaps};
 use crate::caps::wasi::{self, capture::TailCapture};
 use crate::domain::{
-    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, FabricError, ProviderError,
-    RemoveOutcome,
+    AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, FabricError,
+    ProviderError, ProviderInfo, RemoveOutcome,
 };
 use crate::engine::EngineShared;
 use crate::gate::DenialCounts;
 use crate::grants::ProviderSpec;
+use crate::report::CapabilityReport;
+use crate::wit::{ProviderInstance, ProviderPre, Version};
 
 /// How long after the deadline the outer timeout fires. Guest code and host imports stop
 /// at the deadline themselves; this only catches what ignores it.
@@ -90,16 +89,18 @@ fn hostcall_fuel_exhausted(e: &wasmtime::Error) -> bool {
 pub(crate) struct ProviderInner {
     runtime: Arc<EngineShared>,
     spec: ProviderSpec,
-    pre: ProviderWorldPre<CallCtx>,
+    pre: ProviderPre,
     caps: Arc<ProviderCaps>,
     calls: Semaphore,
+    /// What `describe` said at load (none before 0.2.0) and the capability report.
+    declared: OnceLock<(Option<ProviderInfo>, CapabilityReport)>,
 }
 
 impl ProviderInner {
     pub(crate) fn new(
         runtime: Arc<EngineShared>,
         spec: ProviderSpec,
-        pre: ProviderWorldPre<CallCtx>,
+        pre: ProviderPre,
         caps: Arc<ProviderCaps>,
     ) -> ProviderInner {
         let calls = Semaphore::new(spec.limits.max_concurrent_calls as usize);
@@ -109,6 +110,7 @@ impl ProviderInner {
             pre,
             caps,
             calls,
+            declared: OnceLock::new(),
         }
     }
 }
@@ -131,7 +133,7 @@ impl std::fmt::Debug for Provider {
 /// One export call against a fresh instance.
 type Invoke<R> = Box<
     dyn for<'a> FnOnce(
-            &'a Guest,
+            &'a ProviderInstance,
             &'a mut Store<CallCtx>,
         ) -> Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
@@ -184,21 +186,69 @@ impl Provider {
         self.inner.caps.log.warnings()
     }
 
-    /// Attaches a device of the resource's type and model to its target node.
+    /// The contract version the component targets.
+    pub fn contract_version(&self) -> &'static str {
+        self.inner.pre.version().as_str()
+    }
+
+    /// What the provider declared at load (`describe`); none when its contract has none.
+    pub fn info(&self) -> Option<&ProviderInfo> {
+        self.inner
+            .declared
+            .get()
+            .and_then(|(info, _)| info.as_ref())
+    }
+
+    /// What it declared it needs against what its spec grants and configures.
+    pub fn capability_report(&self) -> CapabilityReport {
+        self.inner
+            .declared
+            .get()
+            .map(|(_, report)| report.clone())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn set_declared(&self, info: Option<ProviderInfo>, report: CapabilityReport) {
+        // Set once, at load, before the provider is handed out.
+        let _ = self.inner.declared.set((info, report));
+    }
+
+    /// Calls `describe` (when the contract has it) with the given capabilities.
+    pub(crate) async fn describe_with(
+        &self,
+        caps: &ProviderCaps,
+    ) -> Result<Option<ProviderInfo>, CallError> {
+        if self.inner.pre.version() == Version::V0_1 {
+            return Ok(None);
+        }
+        let info = self
+            .call_in(caps, Box::new(|g, s| Box::pin(g.describe(s))))
+            .await?;
+        let t = self.text();
+        Ok(info.map(|i| t.info(i)))
+    }
+
+    /// Attaches a device of the resource's type and model to its target node, knowing
+    /// no claims (see [`Provider::add`]).
     pub async fn add_resource(
         &self,
         resource: &ComposableResource,
     ) -> Result<AddOutcome, CallError> {
-        let r = wit::ComposableResource::from(resource);
+        self.add(&AddRequest::new(resource.clone())).await
+    }
+
+    /// Attaches a device for the request (resource, attempt key, size, claims).
+    pub async fn add(&self, request: &AddRequest) -> Result<AddOutcome, CallError> {
+        let req = request.clone();
         let reply = self
             .call(Box::new(move |g, s| {
-                Box::pin(async move { g.call_add_resource(s, &r).await })
+                Box::pin(async move { g.add(s, &req).await })
             }))
             .await?;
         let t = self.text();
         match reply {
-            Ok(outcome) => Ok(t.add_outcome(outcome.into())),
-            Err(e) => Err(t.error(e.into()).into()),
+            Ok(outcome) => Ok(t.add_outcome(outcome)),
+            Err(e) => Err(t.error(e).into()),
         }
     }
 
@@ -207,46 +257,58 @@ impl Provider {
         &self,
         resource: &ComposableResource,
     ) -> Result<RemoveOutcome, CallError> {
-        let r = wit::ComposableResource::from(resource);
+        let r = resource.clone();
         let reply = self
             .call(Box::new(move |g, s| {
-                Box::pin(async move { g.call_remove_resource(s, &r).await })
+                Box::pin(async move { g.remove(s, &r).await })
             }))
             .await?;
         let t = self.text();
         match reply {
-            Ok(outcome) => Ok(t.remove_outcome(outcome.into())),
-            Err(e) => Err(t.error(e.into()).into()),
+            Ok(outcome) => Ok(t.remove_outcome(outcome)),
+            Err(e) => Err(t.error(e).into()),
         }
     }
 
     /// Checks the health of an attached device.
     pub async fn check_resource(&self, resource: &ComposableResource) -> Result<(), CallError> {
-        let r = wit::ComposableResource::from(resource);
+        let r = resource.clone();
         let reply = self
             .call(Box::new(move |g, s| {
-                Box::pin(async move { g.call_check_resource(s, &r).await })
+                Box::pin(async move { g.check(s, &r).await })
             }))
             .await?;
-        reply.map_err(|e| self.text().error(e.into()).into())
+        reply.map_err(|e| self.text().error(e).into())
     }
 
-    /// Every device the fabric has attached to the cluster's machines.
+    /// Every device the fabric has attached to the cluster's machines, knowing no
+    /// claims (see [`Provider::list`]).
     pub async fn get_resources(&self) -> Result<Vec<DeviceInfo>, CallError> {
+        self.list(&[]).await
+    }
+
+    /// Every device the fabric has attached to the cluster's machines; `claims` are the
+    /// devices ComposableResources hold.
+    pub async fn list(&self, claims: &[Claim]) -> Result<Vec<DeviceInfo>, CallError> {
+        let claims = claims.to_vec();
         let reply = self
-            .call(Box::new(|g, s| Box::pin(g.call_get_resources(s))))
+            .call(Box::new(move |g, s| {
+                Box::pin(async move { g.list(s, &claims).await })
+            }))
             .await?;
         let t = self.text();
         match reply {
-            Ok(devices) => Ok(devices
-                .into_iter()
-                .map(|d| t.device(DeviceInfo::from(d)))
-                .collect()),
-            Err(e) => Err(t.error(e.into()).into()),
+            Ok(devices) => Ok(devices.into_iter().map(|d| t.device(d)).collect()),
+            Err(e) => Err(t.error(e).into()),
         }
     }
 
     async fn call<R>(&self, invoke: Invoke<R>) -> Result<R, CallError> {
+        let caps = self.inner.caps.clone();
+        self.call_in(&caps, invoke).await
+    }
+
+    async fn call_in<R>(&self, caps: &ProviderCaps, invoke: Invoke<R>) -> Result<R, CallError> {
         let inner = &self.inner;
         let closed = |_| CallError::Instantiate("the runtime is shutting down".into());
         let _call = inner.calls.acquire().await.map_err(closed)?;
@@ -264,9 +326,7 @@ impl Provider {
             stderr.clone(),
         );
         let memory = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
-        let ctx = inner
-            .caps
-            .call(deadline, memory, inner.runtime.slot_size(), wasi);
+        let ctx = caps.call(deadline, memory, inner.runtime.slot_size(), wasi);
         let mut store = Store::new(&inner.runtime.engine, ctx);
         store.limiter(|c| &mut c.limiter);
         // What wasmtime copies out of the guest for one host call or result (strings and
@@ -285,14 +345,12 @@ impl Provider {
         });
 
         let run = async {
-            let world = inner
+            let instance = inner
                 .pre
-                .instantiate_async(&mut store)
+                .instantiate(&mut store)
                 .await
                 .map_err(Failure::Instantiate)?;
-            invoke(world.cro_provider_provider(), &mut store)
-                .await
-                .map_err(Failure::Call)
+            invoke(&instance, &mut store).await.map_err(Failure::Call)
         };
         let outcome = tokio::time::timeout_at(
             tokio::time::Instant::from_std(deadline + DEADLINE_GRACE),
@@ -313,7 +371,7 @@ impl Provider {
             Failure::Instantiate(e) => (e, true),
             Failure::Call(e) => (e, false),
         };
-        let budgets = &inner.caps.budgets;
+        let budgets = &caps.budgets;
         let err = if error.downcast_ref::<DeadlineExceeded>().is_some() {
             CallError::Timeout(timeout)
         } else if let Some(over) = error.downcast_ref::<BudgetExceeded>() {
@@ -458,6 +516,7 @@ impl Clipper<'_> {
             AddOutcome::Attached(d) => AddOutcome::Attached(AttachedDevice {
                 device_id: self.s(d.device_id),
                 fabric_device_id: self.s(d.fabric_device_id),
+                machine_id: d.machine_id.map(|m| self.s(m)),
             }),
             AddOutcome::InProgress(m) => AddOutcome::InProgress(self.prose(m)),
         }
@@ -478,6 +537,48 @@ impl Clipper<'_> {
             model: self.s(d.model),
             device_id: self.s(d.device_id),
             fabric_device_id: self.s(d.fabric_device_id),
+        }
+    }
+
+    /// What `describe` said, every string bounded like any other reply.
+    fn info(&self, i: ProviderInfo) -> ProviderInfo {
+        let list = |v: Vec<String>| v.into_iter().map(|x| self.prose(x)).collect::<Vec<_>>();
+        ProviderInfo {
+            name: self.prose(i.name),
+            vendor: self.prose(i.vendor),
+            version: self.prose(i.version),
+            devices: i
+                .devices
+                .into_iter()
+                .map(|d| crate::domain::DeviceKind {
+                    device_type: d.device_type,
+                    models: list(d.models),
+                })
+                .collect(),
+            capabilities: crate::domain::WantedCapabilities {
+                http: list(i.capabilities.http),
+                secret_keys: list(i.capabilities.secret_keys),
+                lookup: i
+                    .capabilities
+                    .lookup
+                    .into_iter()
+                    .map(|l| crate::domain::LookupKind {
+                        api_version: self.prose(l.api_version),
+                        kind: self.prose(l.kind),
+                        when_config: l.when_config.map(|k| self.prose(k)),
+                    })
+                    .collect(),
+                clocks: i.capabilities.clocks,
+            },
+            config: i
+                .config
+                .into_iter()
+                .map(|k| crate::domain::ConfigKey {
+                    name: self.prose(k.name),
+                    required: k.required,
+                    description: self.prose(k.description),
+                })
+                .collect(),
         }
     }
 }

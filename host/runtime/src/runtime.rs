@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use wasmtime::component::Component;
 
 use crate::base::error_chain;
-use crate::bindings::ProviderWorldPre;
 use crate::budget::BudgetCounters;
 use crate::call::ProviderCaps;
 use crate::caps::http::{Http, egress::HttpEgress};
@@ -20,11 +19,14 @@ use crate::caps::reads::ReadLimiter;
 use crate::caps::secrets::Secrets;
 use crate::caps::state::StateStore;
 use crate::cluster::ClusterReader;
+use crate::domain::ProviderInfo;
 use crate::engine::{EngineError, EngineShared, RuntimeOptions};
 use crate::gate::Gate;
 use crate::grants::{GrantError, ProviderSpec};
 use crate::inspect::{self, ComponentInfo, InspectError, SUPPORTED_VERSIONS};
 use crate::provider::{Provider, ProviderInner};
+use crate::report::CapabilityReport;
+use crate::wit::{ProviderPre, Version};
 
 /// Why a provider could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -38,12 +40,11 @@ pub enum LoadError {
     Spec(#[from] GrantError),
     #[error(transparent)]
     Component(#[from] InspectError),
-    /// The component exports no `cro:provider/provider` interface at all.
+    /// The component exports no `cro:provider` interface at all.
     #[error(
-        "the component is not a cro provider: it does not export {interface}@{supported} \
+        "the component is not a cro provider: it does not export {interfaces} \
          (it exports: {exports}); it was built for another world",
-        interface = inspect::PROVIDER_INTERFACE,
-        supported = SUPPORTED_VERSIONS.join(", "),
+        interfaces = inspect::served_exports(),
         exports = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
     )]
     WrongWorld { exports: Vec<String> },
@@ -65,6 +66,10 @@ pub enum LoadError {
     /// The provider interface is there but its types differ from the contract.
     #[error("the component's provider interface does not match the contract: {0}")]
     Incompatible(String),
+    /// `describe` (contract 0.2.0 and later), called at load with nothing granted,
+    /// failed: the component cannot say what it is.
+    #[error("the provider's describe failed at load: {0}")]
+    Describe(String),
     #[error("provider limits: {0}")]
     Limits(String),
     /// The component needs more core instances, memories or tables than one pool slot
@@ -169,6 +174,18 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
+        self.load_logged(spec, bytes, cluster, true).await
+    }
+
+    /// Loads; `log` says whether the load and its capability report are logged (not
+    /// for a provider made only to be described).
+    async fn load_logged(
+        &self,
+        spec: &ProviderSpec,
+        bytes: Vec<u8>,
+        cluster: Arc<dyn ClusterReader>,
+        log: bool,
+    ) -> Result<Provider, LoadError> {
         spec.validate()?;
         let engine = &self.inner.shared;
         if spec.limits.memory_bytes > engine.options.max_memory_bytes {
@@ -183,19 +200,21 @@ impl Runtime {
             .await
             .map_err(|e| LoadError::Engine(format!("compilation task failed: {e}")))??;
         let info = &compiled.info;
-        match &info.contract_version {
+        let version = match &info.contract_version {
             None => {
                 return Err(LoadError::WrongWorld {
                     exports: info.exports.iter().map(|e| e.name.clone()).collect(),
                 });
             }
-            Some(found) if !info.supported_version => {
-                return Err(LoadError::UnsupportedVersion {
-                    found: found.clone(),
-                });
-            }
-            Some(_) => {}
-        }
+            Some(found) => match Version::of(found) {
+                Some(v) if info.supported_version => v,
+                _ => {
+                    return Err(LoadError::UnsupportedVersion {
+                        found: found.clone(),
+                    });
+                }
+            },
+        };
         let pre = engine
             .linker
             .instantiate_pre(&compiled.component)
@@ -204,19 +223,37 @@ impl Runtime {
                 detail: error_chain(&e),
             })?;
         let pre =
-            ProviderWorldPre::new(pre).map_err(|e| LoadError::Incompatible(error_chain(&e)))?;
-        let caps = self.capabilities(spec, cluster)?;
-        tracing::info!(
-            provider = %spec.name,
-            contract = info.contract_version.as_deref().unwrap_or_default(),
-            "provider loaded"
-        );
-        Ok(Provider::new(ProviderInner::new(
+            ProviderPre::new(version, pre).map_err(|e| LoadError::Incompatible(error_chain(&e)))?;
+        let caps = self.capabilities(spec, cluster.clone())?;
+        // `describe` runs with nothing granted and no configuration: what a provider
+        // is must not depend on what it was given.
+        let bare = ProviderSpec::new(spec.name.clone(), spec.component.clone());
+        let bare_caps = self.capabilities(&bare, cluster)?;
+        let provider = Provider::new(ProviderInner::new(
             engine.clone(),
             spec.clone(),
             pre,
             Arc::new(caps),
-        )))
+        ));
+        let declared = provider
+            .describe_with(&bare_caps)
+            .await
+            .map_err(|e| LoadError::Describe(e.to_string()))?;
+        let report = CapabilityReport::new(declared.as_ref(), spec);
+        if log {
+            log_load(spec, version, &report);
+        }
+        provider.set_declared(declared, report);
+        Ok(provider)
+    }
+
+    /// What a component declares (`describe`, none for 0.1.0), called with nothing
+    /// granted, as `cro provider inspect` shows it.
+    pub async fn describe_bytes(&self, bytes: Vec<u8>) -> Result<Option<ProviderInfo>, LoadError> {
+        let spec = ProviderSpec::new("inspect", "component.wasm");
+        let cluster = Arc::new(crate::cluster::StaticCluster::new());
+        let provider = self.load_logged(&spec, bytes, cluster, false).await?;
+        Ok(provider.info().cloned())
     }
 
     /// Each capability's provider-level side, from the spec.
@@ -308,5 +345,33 @@ impl Runtime {
         }
         cache.entry(key).or_default().push(compiled.clone());
         Ok(compiled)
+    }
+}
+
+/// The load's log line: the operator's record of what a provider declared and what it
+/// is granted (a warning when they differ).
+fn log_load(spec: &ProviderSpec, version: Version, report: &CapabilityReport) {
+    if !report.declared {
+        tracing::info!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            "provider loaded; its capabilities are not declared"
+        );
+    } else if report.is_clean() {
+        tracing::info!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            "provider loaded; its grants match what it declares"
+        );
+    } else {
+        tracing::warn!(
+            provider = %spec.name,
+            contract = version.as_str(),
+            wanted_not_granted = ?report.wanted_not_granted,
+            granted_not_wanted = ?report.granted_not_wanted,
+            unknown_config = ?report.unknown_config,
+            missing_config = ?report.missing_config,
+            "provider loaded; its capabilities differ from its grants"
+        );
     }
 }

@@ -20,6 +20,7 @@ fn ok(device_id: &str, mode: &str) -> Result<AddOutcome, CallError> {
     Ok(AddOutcome::Attached(AttachedDevice {
         device_id: device_id.into(),
         fabric_device_id: mode.into(),
+        machine_id: None,
     }))
 }
 

@@ -79,6 +79,7 @@ fn reply(device_id: &str) -> AddOutcome {
     AddOutcome::Attached(AttachedDevice {
         device_id: device_id.into(),
         fabric_device_id: "http".into(),
+        machine_id: None,
     })
 }
 

@@ -59,12 +59,12 @@ async fn a_random_file_is_refused() {
 async fn a_future_version_is_refused_by_name() {
     let err = load_file(cro_test_support::component("future-version-provider")).await;
     assert!(
-        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.2.0"),
+        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.3.0"),
         "{err:?}"
     );
     assert_eq!(
         err.to_string(),
-        "the component targets cro:provider@0.2.0; this host supports 0.1.0"
+        "the component targets cro:provider@0.3.0; this host supports 0.1.0, 0.2.0"
     );
 }
 
@@ -78,7 +78,9 @@ async fn a_component_of_another_world_is_refused() {
     assert_eq!(exports, &["greet".to_string()]);
     let text = err.to_string();
     assert!(
-        text.contains("does not export cro:provider/provider@0.1.0"),
+        text.contains(
+            "does not export cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0"
+        ),
         "{text}"
     );
     assert!(text.contains("it exports: greet"), "{text}");
@@ -163,4 +165,132 @@ fn inspect_refuses_non_components() {
     let module = wat::parse_str("(module)").unwrap();
     assert_eq!(cro_runtime::inspect(&module), Err(InspectError::CoreModule));
     assert_eq!(cro_runtime::inspect(b"hello"), Err(InspectError::NotWasm));
+}
+
+#[tokio::test]
+async fn a_0_2_0_component_declares_what_it_needs_and_0_1_0_does_not() {
+    let bytes = std::fs::read(cro_test_support::component("fti-provider")).unwrap();
+    let info = cro_runtime::inspect(&bytes).unwrap();
+    assert_eq!(info.contract_version.as_deref(), Some("0.2.0"));
+    assert!(info.supported_version);
+    assert!(info.unsatisfied_imports.is_empty(), "{info:?}");
+    let export = &info.exports[0];
+    assert_eq!(export.name, "cro:provider/cdi-provider@0.2.0");
+    assert_eq!(
+        export.functions,
+        [
+            "describe",
+            "add-resource",
+            "remove-resource",
+            "check-resource",
+            "get-resources"
+        ]
+    );
+    // 0.2.0 reuses the 0.1.0 capability interfaces: one host implementation for both.
+    let names: Vec<&str> = info.imports.iter().map(|i| i.name.as_str()).collect();
+    assert!(names.contains(&"cro:provider/http@0.1.0"), "{names:?}");
+    assert!(names.contains(&"cro:provider/types@0.2.0"), "{names:?}");
+
+    // `describe` runs at load with nothing granted (the load would fail if it used an
+    // import: every capability is denied).
+    let declared = runtime()
+        .describe_bytes(bytes)
+        .await
+        .unwrap()
+        .expect("a 0.2.0 component declares");
+    assert_eq!(declared.name, "fti");
+    assert_eq!(declared.capabilities.http, ["${endpoint}"]);
+    assert!(declared.capabilities.clocks);
+    assert!(
+        declared
+            .config
+            .iter()
+            .any(|k| k.name == "endpoint" && k.required)
+    );
+    let testkit = std::fs::read(testkit()).unwrap();
+    assert_eq!(runtime().describe_bytes(testkit).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn both_served_versions_load_side_by_side_with_their_reports() {
+    let rt = runtime();
+    let cluster = Arc::new(StaticCluster::new());
+    let old = rt
+        .load(&ProviderSpec::new("old", testkit()), cluster.clone())
+        .await
+        .unwrap();
+    let mut spec = ProviderSpec::new("fti", cro_test_support::component("fti-provider"));
+    spec.config
+        .insert("endpoint".into(), "fabric.example:8443/".into());
+    spec.config.insert("api_typo".into(), "FM".into());
+    let new = rt.load(&spec, cluster).await.unwrap();
+    assert_eq!(old.contract_version(), "0.1.0");
+    assert_eq!(new.contract_version(), "0.2.0");
+    assert!(old.info().is_none());
+    assert!(!old.capability_report().declared);
+    let report = new.capability_report();
+    assert!(report.declared);
+    assert!(
+        report
+            .wanted_not_granted
+            .contains(&"http https://fabric.example:8443 (${endpoint})".to_string()),
+        "{report:?}"
+    );
+    assert!(report.wanted_not_granted.contains(&"clocks".to_string()));
+    assert_eq!(report.unknown_config, ["api_typo"]);
+    assert!(report.missing_config.contains(&"api_type".to_string()));
+    // Both answer calls in the same runtime; the new one is refused its HTTP.
+    let gpu = common::gpu("gpu-a");
+    assert!(matches!(
+        old.add_resource(&gpu).await,
+        Ok(cro_runtime::AddOutcome::Attached(_))
+    ));
+    let err = new.add_resource(&gpu).await.unwrap_err();
+    assert!(
+        matches!(err, cro_runtime::CallError::Provider(_)),
+        "{err:?}"
+    );
+}
+
+/// A hand-written contract 0.2.0 provider whose every export traps, `describe` included.
+fn trapping_v0_2_0() -> Vec<u8> {
+    let wat = r#"(module
+      (memory (export "memory") 1)
+      (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#describe") (result i32) unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#add-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#remove-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#check-resource") (param i32) (result i32)
+        unreachable)
+      (func (export "cro:provider/cdi-provider@0.2.0#get-resources") (param i32 i32) (result i32)
+        unreachable))"#;
+    let mut module = wat::parse_str(wat).unwrap();
+    let wit = cro_test_support::workspace_root().join("wit/since_v0.2.0");
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(&wit).unwrap();
+    let world = resolve
+        .select_world(&[package], Some("provider-world"))
+        .unwrap();
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_describe_that_traps_fails_the_load() {
+    let err = load_bytes(trapping_v0_2_0()).await;
+    assert!(matches!(err, LoadError::Describe(_)), "{err:?}");
+    assert!(err.to_string().contains("describe failed at load"), "{err}");
 }

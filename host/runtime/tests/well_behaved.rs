@@ -16,6 +16,8 @@ async fn fake_fabric_round_trip() {
     let AddOutcome::Attached(AttachedDevice {
         device_id,
         fabric_device_id,
+        // Contract 0.1.0 (the testkit) has no machine id.
+        machine_id: None,
     }) = attached.clone()
     else {
         panic!("{attached:?}")

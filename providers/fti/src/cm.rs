@@ -2,10 +2,12 @@
 //!
 //! An attach asks for one more device of the matching spec and answers "in progress"
 //! until a new device of that spec is `ADD_COMPLETE`. The Go operator told its own
-//! device from others by listing every ComposableResource; a provider cannot list
-//! them, so it remembers in the host's state store which devices the spec held when it
-//! asked (the baseline), and which new devices it already handed to a resource (claims),
-//! so two resources attaching at once on one machine never get the same device.
+//! device from others by listing every ComposableResource; since contract 0.2.0 the host
+//! passes the same knowledge as the request's claims. The provider also remembers in
+//! the host's state store which devices the spec held when it asked (the baseline), and
+//! which new devices it already handed to a resource, so two resources attaching at once
+//! on one machine never get the same device, and a device another ComposableResource
+//! holds is never taken even when that state was lost.
 //! A detach asks for the device's removal and answers "in progress" until the device
 //! is gone from the machine.
 
@@ -20,8 +22,8 @@ use crate::health;
 use crate::host::{Host, LogLevel, Method};
 use crate::lenient::{self, present};
 use crate::model::{
-    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, ProviderError,
-    RemoveOutcome,
+    AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
+    ProviderError, RemoveOutcome,
 };
 
 pub const ADD_COMPLETE: &str = "ADD_COMPLETE";
@@ -274,9 +276,10 @@ fn resize<H: Host + ?Sized>(
 
 pub fn add<H: Host + ?Sized>(
     f: &Fabric<'_, H>,
-    r: &ComposableResource,
+    req: &AddRequest,
     machine: &str,
 ) -> Result<AddOutcome, ProviderError> {
+    let r = &req.resource;
     let host = f.host();
     let m = read_machine(f, machine)?;
     let spec = m.resspecs.iter().find(|s| s.matches(r)).ok_or_else(|| {
@@ -312,7 +315,11 @@ pub fn add<H: Host + ?Sized>(
         }
         let mine = |d: &&Device| {
             d.id().is_some_and(|id| {
-                !p.baseline.contains(id) && claimant(host, id).is_none_or(|owner| owner == r.name)
+                // The cluster's claims (what ComposableResources hold) decide even when
+                // the provider's own record of handed-out devices was lost.
+                !p.baseline.contains(id)
+                    && !req.claimed_by_another(id)
+                    && claimant(host, id).is_none_or(|owner| owner == r.name)
             })
         };
         let new: Vec<&Device> = spec.devices.iter().filter(mine).collect();
@@ -326,6 +333,7 @@ pub fn add<H: Host + ?Sized>(
             return Ok(AddOutcome::Attached(AttachedDevice {
                 device_id: id.to_string(),
                 fabric_device_id: fabric_id.to_string(),
+                machine_id: Some(machine.to_string()),
             }));
         }
         if new.iter().any(|d| d.status() != ADD_FAILED) {

@@ -13,6 +13,57 @@
 use crate::host::Host;
 use crate::model::ProviderError;
 
+/// Every configuration key: (name, required, meaning), as `describe` declares them.
+pub const KEYS: &[(&str, bool, &str)] = &[
+    (
+        "api_type",
+        true,
+        "FM (Fabric Manager) or CM (Cluster Manager)",
+    ),
+    (
+        "endpoint",
+        true,
+        "host:port/ (HTTPS implied) or a full http(s):// URL of the fabric",
+    ),
+    ("tenant_id", true, "the fabric tenant"),
+    (
+        "cluster_id",
+        false,
+        "the CM cluster; resolves nodes through OpenShift Machines",
+    ),
+    (
+        "username_key",
+        false,
+        "Secret key of the user name (default username)",
+    ),
+    (
+        "password_key",
+        false,
+        "Secret key of the password (default password)",
+    ),
+    (
+        "client_id_key",
+        false,
+        "Secret key of the OAuth client id (default client_id)",
+    ),
+    (
+        "client_secret_key",
+        false,
+        "Secret key of the OAuth client secret (default client_secret)",
+    ),
+    (
+        "realm_key",
+        false,
+        "Secret key of the identity realm (default realm)",
+    ),
+    ("timeout_ms", false, "per-request timeout asked of the host"),
+    (
+        "no_capacity_codes",
+        false,
+        "comma-separated extra fabric codes meaning no free device",
+    ),
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiType {
     /// Fabric Manager: synchronous attach/detach.
@@ -143,6 +194,100 @@ fn base_url(endpoint: &str) -> Result<String, ProviderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    use cro_provider_sdk::host::{
+        HttpError, HttpRequest, HttpResponse, LogLevel, LookupError, SecretError,
+    };
+    use cro_provider_sdk::testing::TestHost;
+
+    /// Records every configuration key asked for; everything else is `TestHost`'s.
+    struct Recorder {
+        inner: TestHost,
+        asked: RefCell<Vec<String>>,
+    }
+
+    impl Host for Recorder {
+        fn http_send(&self, r: HttpRequest) -> Result<HttpResponse, HttpError> {
+            self.inner.http_send(r)
+        }
+        fn secret_get(&self, key: &str) -> Result<String, SecretError> {
+            self.inner.secret_get(key)
+        }
+        fn get_node(&self, name: &str) -> Result<String, LookupError> {
+            self.inner.get_node(name)
+        }
+        fn list_nodes(&self) -> Result<Vec<String>, LookupError> {
+            self.inner.list_nodes()
+        }
+        fn get_object(
+            &self,
+            v: &str,
+            k: &str,
+            ns: Option<&str>,
+            n: &str,
+        ) -> Result<String, LookupError> {
+            self.inner.get_object(v, k, ns, n)
+        }
+        fn config_get(&self, key: &str) -> Option<String> {
+            self.asked.borrow_mut().push(key.to_string());
+            self.inner.config_get(key)
+        }
+        fn log(&self, level: LogLevel, message: &str) {
+            self.inner.log(level, message)
+        }
+        fn state_get(&self, key: &str) -> Option<Vec<u8>> {
+            self.inner.state_get(key)
+        }
+        fn state_set(&self, key: &str, value: &[u8], ttl_ms: Option<u64>) -> bool {
+            self.inner.state_set(key, value, ttl_ms)
+        }
+        fn state_remove(&self, key: &str) {
+            self.inner.state_remove(key)
+        }
+        fn now(&self) -> std::time::SystemTime {
+            self.inner.now()
+        }
+    }
+
+    /// `describe` declares exactly the keys the provider reads, with the right
+    /// `required` flags: the operator refuses configurations by this list.
+    #[test]
+    fn declared_keys_are_the_keys_read() {
+        let host = Recorder {
+            inner: TestHost::new()
+                .with_config("api_type", "CM")
+                .with_config("endpoint", "fabric.example:8443")
+                .with_config("tenant_id", "t")
+                .with_config("cluster_id", "c"),
+            asked: RefCell::default(),
+        };
+        Config::load(&host).unwrap();
+        let mut asked = host.asked.take();
+        asked.sort();
+        asked.dedup();
+        let mut declared: Vec<String> = KEYS.iter().map(|(k, _, _)| k.to_string()).collect();
+        declared.sort();
+        assert_eq!(asked, declared);
+        let required: Vec<&str> = KEYS
+            .iter()
+            .filter(|(_, r, _)| *r)
+            .map(|(k, _, _)| *k)
+            .collect();
+        assert_eq!(required, ["api_type", "endpoint", "tenant_id"]);
+        for missing in &required {
+            let mut host = TestHost::new();
+            for (k, v) in [("api_type", "FM"), ("endpoint", "e:1"), ("tenant_id", "t")] {
+                if k != *missing {
+                    host = host.with_config(k, v);
+                }
+            }
+            assert!(
+                matches!(Config::load(&host), Err(ProviderError::Config(_))),
+                "{missing}"
+            );
+        }
+    }
 
     #[test]
     fn endpoint_without_scheme_gets_https_and_slash() {

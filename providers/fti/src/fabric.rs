@@ -6,10 +6,11 @@ use std::cell::RefCell;
 use serde::de::DeserializeOwned;
 
 use crate::config::Config;
-use crate::host::{Host, HttpRequest, HttpResponse, LogLevel, Method};
+use crate::host::{Host, HttpResponse, LogLevel, Method};
 use crate::model::ProviderError;
-use crate::reply::{fabric_error_with, http_failure, parse_json};
+use crate::reply::{fabric_error_with, parse_json};
 use crate::token::{self, Token};
+use cro_provider_sdk::json;
 
 /// A client for one provider call: it obtains the token once and reuses it.
 pub struct Fabric<'a, H: Host + ?Sized> {
@@ -44,13 +45,8 @@ impl<'a, H: Host + ?Sized> Fabric<'a, H> {
         body: Option<&serde_json::Value>,
     ) -> Result<HttpResponse, ProviderError> {
         let url = format!("{}{}", self.cfg.base_url, path);
-        let body = match body {
-            Some(v) => serde_json::to_vec(v)
-                .map_err(|e| ProviderError::Other(format!("encoding request body: {e}")))?,
-            None => Vec::new(),
-        };
         let mut token = self.token()?;
-        let mut reply = self.send(method, &url, &body, &token.access_token)?;
+        let mut reply = self.send(method, &url, body, &token.access_token)?;
         if reply.status == 401 && token.cached {
             // Revoked or the identity manager restarted: one fresh token, one retry.
             self.host.log(
@@ -60,7 +56,7 @@ impl<'a, H: Host + ?Sized> Fabric<'a, H> {
             token::forget(self.host);
             token = token::fetch(self.host, self.cfg)?;
             *self.token.borrow_mut() = Some(token.clone());
-            reply = self.send(method, &url, &body, &token.access_token)?;
+            reply = self.send(method, &url, body, &token.access_token)?;
         }
         if (200..300).contains(&reply.status) {
             Ok(reply)
@@ -98,26 +94,20 @@ impl<'a, H: Host + ?Sized> Fabric<'a, H> {
         &self,
         method: Method,
         url: &str,
-        body: &[u8],
+        body: Option<&serde_json::Value>,
         bearer: &str,
     ) -> Result<HttpResponse, ProviderError> {
-        let mut headers = vec![
-            ("authorization".to_string(), format!("Bearer {bearer}")),
-            ("accept".to_string(), "application/json".to_string()),
-        ];
-        if !body.is_empty() {
-            headers.push(("content-type".into(), "application/json".into()));
-        }
         self.host
             .log(LogLevel::Debug, &format!("{} {url}", method.as_str()));
-        self.host
-            .http_send(HttpRequest {
-                method,
-                url: url.to_string(),
-                headers,
-                body: body.to_vec(),
-                timeout_ms: self.cfg.timeout_ms,
-            })
-            .map_err(|e| http_failure("fabric", e))
+        let authorization = format!("Bearer {bearer}");
+        json::send(
+            self.host,
+            "fabric",
+            method,
+            url,
+            &[("authorization", &authorization)],
+            body,
+            self.cfg.timeout_ms,
+        )
     }
 }

@@ -204,6 +204,7 @@ pub fn add<H: Host + ?Sized>(
     Ok(AddOutcome::Attached(AttachedDevice {
         device_id: serial.to_string(),
         fabric_device_id: uuid.to_string(),
+        machine_id: Some(machine.to_string()),
     }))
 }
 

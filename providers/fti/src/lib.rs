@@ -1,14 +1,15 @@
 //! The Fujitsu FTI provider: attaches and detaches composable devices through the
 //! FTI Fabric Manager (FM) or Cluster Manager (CM) API.
 //!
-//! The vendor logic is a plain library over the [`Host`] trait, so it runs and is
-//! tested natively; on `wasm32` the same code is compiled into a component of the
-//! `cro:provider@0.1.0` `provider-world`, with [`Host`] implemented over the WIT imports.
+//! The vendor logic is a plain library over the SDK's [`Host`] trait, so it runs and is
+//! tested natively; on `wasm32` (feature `component`, on by default) the SDK exports it
+//! as a `cro:provider@0.2.0` component. The bindings and their plumbing live in
+//! `cro-provider-sdk`; `tests/fti-v0-1-0` wraps the same logic in the 0.1.0 world.
 //!
 //! ```text
-//! let fti = fti_provider::Fti::new(host);          // host: impl fti_provider::Host
-//! match fti.add_resource(&resource)? {
-//!     AddOutcome::Attached(d) => /* d.device_id, d.fabric_device_id */,
+//! let fti = fti_provider::Fti::new(host);          // host: impl cro_provider_sdk::Host
+//! match fti.add(&request)? {                       // request: AddRequest (claims, attempt key)
+//!     AddOutcome::Attached(d) => /* d.device_id, d.fabric_device_id, d.machine_id */,
 //!     AddOutcome::InProgress(why) => /* call again later */,
 //! }
 //! ```
@@ -18,29 +19,25 @@
 
 mod cm;
 pub mod config;
-mod encode;
 mod fabric;
 mod fm;
 mod health;
-pub mod host;
 pub mod jwt;
-mod lenient;
 pub mod machine;
-pub mod model;
 mod reply;
 pub mod token;
 
-#[cfg(target_arch = "wasm32")]
-mod component;
-
 pub use config::{ApiType, Config};
-pub use host::{
-    Host, HttpError, HttpRequest, HttpResponse, LogLevel, LookupError, Method, SecretError,
+// The host abstraction and the contract's types are the SDK's.
+pub use cro_provider_sdk::{
+    AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
+    Host, HttpError, HttpRequest, HttpResponse, LogLevel, LookupError, Method, ProviderError,
+    ProviderInfo, RemoveOutcome, SecretError,
 };
-pub use model::{
-    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, ProviderError,
-    RemoveOutcome,
+use cro_provider_sdk::{
+    Capabilities, ConfigKey, DeviceKind, LookupKind, Provider, encode, lenient,
 };
+pub use cro_provider_sdk::{host, model};
 
 use fabric::Fabric;
 use machine::MachineError;
@@ -63,21 +60,38 @@ impl<H: Host> Fti<H> {
         self.host
     }
 
-    /// Attach a device of the resource's type and model to its target node.
+    /// Attach a device of the resource's type and model to its target node, knowing
+    /// no claims (what a contract 0.1.0 host asks).
     pub fn add_resource(&self, r: &ComposableResource) -> Result<AddOutcome, ProviderError> {
+        self.add(&AddRequest::new(r.clone()))
+    }
+
+    /// Attach a device for the request; its claims keep another resource's device from
+    /// being taken for this one (Cluster Manager).
+    pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, ProviderError> {
+        let r = &req.resource;
         let cfg = Config::load(&self.host)?;
         let machine = machine::of_node(&self.host, &cfg, &r.target_node)?;
         let f = Fabric::new(&self.host, &cfg);
         match cfg.api_type {
             ApiType::Fm => fm::add(&f, r, &machine),
-            ApiType::Cm => cm::add(&f, r, &machine),
+            ApiType::Cm => cm::add(&f, req, &machine),
+        }
+    }
+
+    /// The resource's fabric machine: the one recorded at attach when the host passes
+    /// it (no Node needed), else the target Node's.
+    fn machine_of(&self, cfg: &Config, r: &ComposableResource) -> Result<String, ProviderError> {
+        match r.machine_id.as_deref().map(str::trim) {
+            Some(m) if !m.is_empty() => Ok(m.to_string()),
+            _ => Ok(machine::of_node(&self.host, cfg, &r.target_node)?),
         }
     }
 
     /// Detach the resource's device; a device already gone counts as detached.
     pub fn remove_resource(&self, r: &ComposableResource) -> Result<RemoveOutcome, ProviderError> {
         let cfg = Config::load(&self.host)?;
-        let machine = machine::of_node(&self.host, &cfg, &r.target_node)?;
+        let machine = self.machine_of(&cfg, r)?;
         let f = Fabric::new(&self.host, &cfg);
         match cfg.api_type {
             ApiType::Fm => fm::remove(&f, r, &machine),
@@ -88,7 +102,7 @@ impl<H: Host> Fti<H> {
     /// Ok when the device is healthy; `warning`, `critical` or `not-found` otherwise.
     pub fn check_resource(&self, r: &ComposableResource) -> Result<(), ProviderError> {
         let cfg = Config::load(&self.host)?;
-        let machine = machine::of_node(&self.host, &cfg, &r.target_node)?;
+        let machine = self.machine_of(&cfg, r)?;
         let f = Fabric::new(&self.host, &cfg);
         match cfg.api_type {
             ApiType::Fm => fm::check(&f, r, &machine),
@@ -153,6 +167,90 @@ impl<H: Host> Fti<H> {
             &format!("{SKIPPED_NODE_LOG_PREFIX} {node}: {why}"),
         );
     }
+}
+
+/// What the FTI provider is and needs, for `describe`. The Secret keys are the
+/// defaults of `*_key` (config.rs); an administrator who renames them sees them in the
+/// capability report.
+pub fn info() -> ProviderInfo {
+    let keys = [
+        "username",
+        "password",
+        "client_id",
+        "client_secret",
+        "realm",
+    ];
+    ProviderInfo {
+        name: "fti".into(),
+        vendor: "Fujitsu".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        devices: [DeviceType::Gpu, DeviceType::Cxlmemory]
+            .into_iter()
+            .map(|device_type| DeviceKind {
+                device_type,
+                models: Vec::new(),
+            })
+            .collect(),
+        capabilities: Capabilities {
+            // The identity manager (token) and the FM/CM APIs share the endpoint.
+            http: vec!["${endpoint}".into()],
+            secret_keys: keys.iter().map(|k| k.to_string()).collect(),
+            lookup: vec![
+                LookupKind::new("v1", "Node"),
+                // The OpenShift/Metal3 chain is followed only with a CM cluster id.
+                LookupKind::new(machine::MACHINE_API_VERSION, "Machine").when_config("cluster_id"),
+                LookupKind::new(machine::BMH_API_VERSION, "BareMetalHost")
+                    .when_config("cluster_id"),
+            ],
+            // The cached token's expiry is read against the wall clock.
+            clocks: true,
+        },
+        config: config::KEYS
+            .iter()
+            .map(|(name, required, description)| ConfigKey {
+                name: name.to_string(),
+                required: *required,
+                description: description.to_string(),
+            })
+            .collect(),
+    }
+}
+
+impl<H: Host> Provider for Fti<H> {
+    fn describe() -> ProviderInfo {
+        info()
+    }
+
+    fn add_resource(&self, request: &AddRequest) -> Result<AddOutcome, ProviderError> {
+        self.add(request)
+    }
+
+    fn remove_resource(&self, r: &ComposableResource) -> Result<RemoveOutcome, ProviderError> {
+        Fti::remove_resource(self, r)
+    }
+
+    fn check_resource(&self, r: &ComposableResource) -> Result<(), ProviderError> {
+        Fti::check_resource(self, r)
+    }
+
+    /// The fabric's own listing says which machine each device is on; claims are not
+    /// needed to list.
+    fn get_resources(&self, _claims: &[Claim]) -> Result<Vec<DeviceInfo>, ProviderError> {
+        Fti::get_resources(self)
+    }
+}
+
+#[cfg(all(target_arch = "wasm32", feature = "component"))]
+mod component {
+    use cro_provider_sdk::guest::{FromHost, WasmHost};
+
+    impl FromHost for crate::Fti<WasmHost> {
+        fn from_host(host: WasmHost) -> Self {
+            crate::Fti::new(host)
+        }
+    }
+
+    cro_provider_sdk::export_provider!(crate::Fti<WasmHost>);
 }
 
 /// How the warning about a node left out of a device listing begins.

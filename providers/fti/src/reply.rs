@@ -2,41 +2,9 @@
 //! errors. A leaf module: the fabric client and the token code both map their replies
 //! through it, and neither depends on the other for that.
 
-use serde::de::DeserializeOwned;
+pub use cro_provider_sdk::json::{body_text, http_failure, parse_json};
 
-use crate::host::HttpError;
 use crate::model::ProviderError;
-
-/// Longest excerpt of a reply body quoted in an error.
-const MAX_QUOTED: usize = 2048;
-
-/// Parses a reply body, turning any JSON or shape error into `malformed-reply`.
-pub fn parse_json<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ProviderError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ProviderError::malformed(format!("{what}: {e} (body: {})", body_text(body))))
-}
-
-/// Maps a transport failure of the host's HTTP onto the provider's error.
-pub fn http_failure(peer: &str, e: HttpError) -> ProviderError {
-    match e {
-        HttpError::Denied(m) => ProviderError::Denied(format!("HTTP to the {peer}: {m}")),
-        HttpError::InvalidRequest(m) => {
-            ProviderError::Config(format!("invalid request to the {peer}: {m}"))
-        }
-        HttpError::Timeout => ProviderError::Unavailable(format!("the {peer} timed out")),
-        HttpError::Connect(m) => {
-            ProviderError::Unavailable(format!("cannot connect to the {peer}: {m}"))
-        }
-        HttpError::Tls(m) => ProviderError::Unavailable(format!("TLS with the {peer} failed: {m}")),
-        HttpError::TooLarge(n) => ProviderError::MalformedReply(format!(
-            "the {peer}'s reply exceeds the granted {n} bytes"
-        )),
-        // A reply cut short or a protocol failure: the fabric was not properly reached.
-        HttpError::Other(m) => {
-            ProviderError::Unavailable(format!("HTTP to the {peer} failed: {m}"))
-        }
-    }
-}
 
 /// Error codes that mean "no free device of that model": `insufficient_resources` is
 /// what FTI deployments answer; `E0409` is the code of our fabric simulator (see
@@ -112,20 +80,6 @@ pub fn fabric_error_with(status: u16, body: &[u8], no_capacity_codes: &[String])
         code,
         message,
     }
-}
-
-/// A reply body as text for an error message, cut to a readable length.
-pub fn body_text(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.len() <= MAX_QUOTED {
-        return text.to_string();
-    }
-    let mut end = MAX_QUOTED;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &text[..end], body.len())
 }
 
 #[cfg(test)]
@@ -233,13 +187,5 @@ mod tests {
             fabric_error(500, b"insufficient_resources"),
             ProviderError::Fabric { .. }
         ));
-    }
-
-    #[test]
-    fn long_bodies_are_cut_on_a_char_boundary() {
-        let long = "é".repeat(MAX_QUOTED);
-        let t = body_text(long.as_bytes());
-        assert!(t.len() < long.len());
-        assert!(t.ends_with(&format!("({} bytes)", long.len())));
     }
 }

@@ -1,5 +1,6 @@
-//! `future-version-provider`: a test fixture exporting `cro:provider/provider@0.2.0` (its
-//! WIT is in this crate's `wit/` folder), which a 0.1.0 host must refuse by name.
+//! `future-version-provider`: a test fixture exporting `cro:provider/provider@0.3.0` (its
+//! WIT is in this crate's `wit/` folder), a version the host does not serve, which it
+//! must refuse naming the versions it does serve.
 //!
 //! The examples are fixtures too: `other_world` is a component of an unrelated world and
 //! `extra_import` a provider that imports an interface the host does not provide.

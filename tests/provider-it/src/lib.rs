@@ -1,6 +1,11 @@
 //! A fixture for running the FTI provider component (built from `providers/fti`) in the
 //! cro runtime against the fabric simulator, over HTTPS on loopback.
 //!
+//! Two builds of FTI can be loaded ([`Build`]): the contract 0.2.0 component (the
+//! default) and the 0.1.0 fixture `tests/fti-v0-1-0`. `CRO_FTI_CONTRACT=0.1.0` makes
+//! every fixture load the 0.1.0 build, so the whole suite proves old components still
+//! work (scripts/test.sh runs it both ways).
+//!
 //! ```no_run
 //! # async fn demo() {
 //! use provider_it::{Api, Fixture};
@@ -84,22 +89,58 @@ fn shared_runtime() -> Runtime {
         .clone()
 }
 
-/// The component, built once per process.
+/// A build of the FTI provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// `providers/fti`: contract 0.2.0, on the SDK.
+    V0_2,
+    /// `tests/fti-v0-1-0`: the same logic in the 0.1.0 world.
+    V0_1,
+}
+
+impl Build {
+    pub fn package(self) -> &'static str {
+        match self {
+            Build::V0_2 => "fti-provider",
+            Build::V0_1 => "fti-v0-1-0",
+        }
+    }
+
+    /// `CRO_FTI_CONTRACT=0.1.0` selects the 0.1.0 build; anything else (or nothing) 0.2.0.
+    pub fn from_env() -> Build {
+        match std::env::var("CRO_FTI_CONTRACT").as_deref() {
+            Ok("0.1.0") => Build::V0_1,
+            Ok("0.2.0") | Err(_) => Build::V0_2,
+            Ok(other) => panic!("CRO_FTI_CONTRACT must be 0.1.0 or 0.2.0, not {other:?}"),
+        }
+    }
+}
+
+/// The component of the build `CRO_FTI_CONTRACT` selects, built once per process.
 pub fn component_bytes() -> Arc<Vec<u8>> {
-    static BYTES: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
-    BYTES
-        .get_or_init(|| {
-            let path = cro_test_support::component("fti-provider");
-            match std::fs::read(&path) {
-                Ok(b) => Arc::new(b),
-                Err(e) => panic!("cannot read {}: {e}", path.display()),
-            }
-        })
-        .clone()
+    component_bytes_of(Build::from_env())
+}
+
+/// A build's component, built once per process.
+pub fn component_bytes_of(build: Build) -> Arc<Vec<u8>> {
+    static BYTES: [OnceLock<Arc<Vec<u8>>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = match build {
+        Build::V0_2 => &BYTES[0],
+        Build::V0_1 => &BYTES[1],
+    };
+    slot.get_or_init(|| {
+        let path = cro_test_support::component(build.package());
+        match std::fs::read(&path) {
+            Ok(b) => Arc::new(b),
+            Err(e) => panic!("cannot read {}: {e}", path.display()),
+        }
+    })
+    .clone()
 }
 
 pub struct FixtureBuilder {
     api: Api,
+    build: Build,
     clock: Option<TestClock>,
     sim_config: SimConfig,
     config: Vec<(String, String)>,
@@ -118,6 +159,12 @@ impl FixtureBuilder {
 
     pub fn with_sim_config(mut self, f: impl FnOnce(SimConfig) -> SimConfig) -> Self {
         self.sim_config = f(self.sim_config);
+        self
+    }
+
+    /// Loads this build of FTI (default: [`Build::from_env`]).
+    pub fn with_build(mut self, build: Build) -> Self {
+        self.build = build;
         self
     }
 
@@ -163,7 +210,7 @@ impl FixtureBuilder {
         );
         let spec_json = json!({
             "name": "fti",
-            "component": cro_test_support::component("fti-provider"),
+            "component": cro_test_support::component(self.build.package()),
             "config": config,
             "grants": {
                 "http": http,
@@ -207,7 +254,11 @@ impl FixtureBuilder {
             },
         };
         let provider = match runtime
-            .load_bytes(&spec, component_bytes().to_vec(), Arc::new(cluster.clone()))
+            .load_bytes(
+                &spec,
+                component_bytes_of(self.build).to_vec(),
+                Arc::new(cluster.clone()),
+            )
             .await
         {
             Ok(p) => p,
@@ -220,6 +271,7 @@ impl FixtureBuilder {
             runtime,
             spec,
             api: self.api,
+            build: self.build,
         }
     }
 }
@@ -232,12 +284,15 @@ pub struct Fixture {
     pub runtime: Runtime,
     pub spec: ProviderSpec,
     pub api: Api,
+    /// Which build of FTI `provider` is.
+    pub build: Build,
 }
 
 impl Fixture {
     pub fn builder(api: Api) -> FixtureBuilder {
         FixtureBuilder {
             api,
+            build: Build::from_env(),
             clock: None,
             sim_config: SimConfig::default(),
             config: Vec::new(),
@@ -314,6 +369,24 @@ impl Fixture {
         }
     }
 
+    /// Loads the other build of FTI with the same spec, cluster and runtime.
+    pub async fn load_build(&self, build: Build) -> Provider {
+        let mut spec = self.spec.clone();
+        spec.name = format!("fti-{}", build.package());
+        match self
+            .runtime
+            .load_bytes(
+                &spec,
+                component_bytes_of(build).to_vec(),
+                Arc::new(self.cluster.clone()),
+            )
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => panic!("cannot load {}: {e}", build.package()),
+        }
+    }
+
     pub fn gpu(&self, name: &str, node: &str) -> ComposableResource {
         ComposableResource {
             name: name.into(),
@@ -322,6 +395,7 @@ impl Fixture {
             target_node: node.into(),
             device_id: None,
             fabric_device_id: None,
+            machine_id: None,
             force_detach: false,
         }
     }

@@ -37,7 +37,9 @@ use serde_json::json;
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::patch::FIELD_MANAGER;
-use crate::provider::{NodeGuard, Operation, ProviderResult, device_type, to_domain};
+use crate::provider::{
+    NodeGuard, Operation, ProviderResult, add_request, claims, device_type, to_domain,
+};
 
 /// The record of an attach whose outcome is not known yet (JSON of [`Attempt`]).
 pub const ANNOTATION_ATTACH_ATTEMPT: &str = "cro.hpsys.ibm.ie.com/attach-attempt";
@@ -106,6 +108,7 @@ pub fn pick(
         .map(|d| AttachedDevice {
             device_id: d.device_id.clone(),
             fabric_device_id: d.fabric_device_id.clone(),
+            machine_id: Some(d.machine_id.clone()).filter(|m| !m.is_empty()),
         })
 }
 
@@ -179,13 +182,15 @@ pub async fn add(
     let attempt = recorded(res);
     let resources =
         || async { Ok::<_, ReconcileError>(api.list(&ListParams::default()).await?.items) };
+    // What the cluster holds, for the provider to tell its device from another's.
+    let held = resources().await?;
     if must_look_first(attempt.as_ref(), &PROCESS) {
         let devices = ctx
             .provider
-            .list()
+            .list_claimed(&claims(&held))
             .await
             .map_err(|e| ReconcileError::provider(Operation::List, e))?;
-        let claimed = claimed_ids(&resources().await?);
+        let claimed = claimed_ids(&held);
         if let Some(device) = pick(&devices, &claimed, &to_domain(res)) {
             tracing::warn!(resource = %name, node = %res.spec.target_node,
                 device = %device.device_id,
@@ -201,7 +206,10 @@ pub async fn add(
         write(&api, res, Some(&Attempt::here(Known::Unknown))).await?;
     }
 
-    let result = ctx.provider.add(guard, &to_domain(res)).await;
+    let result = ctx
+        .provider
+        .add(guard, &add_request(res, claims(&held)))
+        .await;
     match &result {
         Ok(AddOutcome::InProgress(_)) => write(&api, res, Some(&tracked)).await?,
         Ok(AddOutcome::Attached(device)) => {
@@ -263,6 +271,7 @@ mod tests {
             target_node: "n1".into(),
             device_id: None,
             fabric_device_id: None,
+            machine_id: None,
             force_detach: false,
         }
     }

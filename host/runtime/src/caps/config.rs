@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker};
 
-use crate::bindings::cro::provider::config as wit;
 use crate::gate::{Capability, Gate};
+use crate::wit::imports::config as wit;
 
 /// One call's side (the map is the provider's, shared).
 pub(crate) struct ConfigCall {

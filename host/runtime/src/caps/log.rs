@@ -16,9 +16,9 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::base::escape_line;
-use crate::bindings::cro::provider::log as wit;
 use crate::budget::{Admit, Budget, BudgetCounters, BudgetExceeded, MinuteWindow};
 use crate::gate::{Capability, Gate};
+use crate::wit::imports::log as wit;
 
 /// Bytes of one guest message kept in its log line.
 pub const MESSAGE_BYTES: usize = 4 * 1024;

@@ -19,9 +19,9 @@ use std::time::{Duration, SystemTime};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::base::WallClock;
-use crate::bindings::cro::provider::state as wit;
 use crate::budget::{Budget, BudgetCounters};
 use crate::gate::{Capability, Gate};
+use crate::wit::imports::state as wit;
 
 /// Bytes charged per entry on top of its key and value.
 pub const ENTRY_OVERHEAD: usize = 96;

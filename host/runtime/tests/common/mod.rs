@@ -51,6 +51,7 @@ pub fn gpu(name: &str) -> ComposableResource {
         target_node: "worker-0".into(),
         device_id: None,
         fabric_device_id: None,
+        machine_id: None,
         force_detach: false,
     }
 }

@@ -1,7 +1,8 @@
 //! The Cluster Manager API: asynchronous resizes.
 
 use fti_provider::{
-    AddOutcome, AttachedDevice, DeviceType, Fti, Method, ProviderError, RemoveOutcome,
+    AddOutcome, AddRequest, AttachedDevice, Claim, DeviceType, Fti, Method, ProviderError,
+    RemoveOutcome,
 };
 use serde_json::{Value, json};
 
@@ -107,7 +108,8 @@ fn attach_resizes_then_reports_in_progress_until_the_device_is_added() {
         fti.add_resource(&r).unwrap(),
         AddOutcome::Attached(AttachedDevice {
             device_id: "GPU-new".into(),
-            fabric_device_id: "u-new".into()
+            fabric_device_id: "u-new".into(),
+            machine_id: Some(MACHINE.into())
         })
     );
     assert_eq!(posts(&h), 1);
@@ -582,7 +584,8 @@ fn a_lost_resize_reply_never_asks_for_a_second_device() {
         fti.add_resource(&r).unwrap(),
         AddOutcome::Attached(AttachedDevice {
             device_id: "GPU-new".into(),
-            fabric_device_id: "u-new".into()
+            fabric_device_id: "u-new".into(),
+            machine_id: Some(MACHINE.into())
         })
     );
     assert_eq!(posts(&h), 1);
@@ -628,4 +631,67 @@ fn a_lost_resize_that_left_no_trace_is_sent_again() {
         Err(ProviderError::Fabric { status: 400, .. })
     ));
     assert!(!h.state.borrow().contains_key("fti/cm/add/r2"));
+}
+
+/// The cluster's claims decide whose a new device is even when the provider's own
+/// record of handed-out devices is gone: r1 holds GPU-a (its ComposableResource says
+/// so), the `fti/cm/claim/*` entries were lost, and r2 must get GPU-b, not GPU-a.
+#[test]
+fn claims_keep_another_resources_device_when_the_claim_state_is_lost() {
+    let h = host();
+    let fti = Fti::new(&h);
+    let (r1, r2) = (gpu("r1", "n1"), gpu("r2", "n1"));
+    machine(&h, 0, vec![]);
+    assert!(matches!(
+        fti.add_resource(&r1),
+        Ok(AddOutcome::InProgress(_))
+    ));
+    machine(&h, 1, vec![]);
+    assert!(matches!(
+        fti.add_resource(&r2),
+        Ok(AddOutcome::InProgress(_))
+    ));
+    let both = vec![
+        cm_dev("GPU-a", "u-a", "ADD_COMPLETE", "0"),
+        cm_dev("GPU-b", "u-b", "ADD_COMPLETE", "0"),
+    ];
+    machine(&h, 2, both);
+    let AddOutcome::Attached(first) = fti.add_resource(&r1).unwrap() else {
+        panic!("r1 not attached")
+    };
+    assert_eq!(first.device_id, "GPU-a");
+    // The provider's record of handing GPU-a to r1 is lost (state evicted).
+    h.state
+        .borrow_mut()
+        .retain(|k, _| !k.starts_with("fti/cm/claim/"));
+
+    let mut req = AddRequest::new(r2.clone());
+    req.claims = vec![Claim {
+        resource: "r1".into(),
+        device_id: Some("GPU-a".into()),
+        fabric_device_id: Some("u-a".into()),
+    }];
+    let AddOutcome::Attached(second) = fti.add(&req).unwrap() else {
+        panic!("r2 not attached")
+    };
+    assert_eq!(second.device_id, "GPU-b");
+    assert_eq!(second.machine_id.as_deref(), Some(MACHINE));
+}
+
+/// With the machine recorded at attach, a detach needs no Node lookup.
+#[test]
+fn detach_uses_the_recorded_machine_without_the_node() {
+    let h = host();
+    let fti = Fti::new(&h);
+    machine(&h, 1, vec![cm_dev("GPU-a", "u-a", "ADD_COMPLETE", "0")]);
+    let mut r = attached("r1", "gone-node", "GPU-a", "u-a");
+    assert!(matches!(
+        fti.remove_resource(&r),
+        Err(ProviderError::NotFound(_))
+    ));
+    r.machine_id = Some(MACHINE.into());
+    assert!(matches!(
+        fti.remove_resource(&r),
+        Ok(RemoveOutcome::InProgress(_))
+    ));
 }

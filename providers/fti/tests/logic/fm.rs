@@ -33,7 +33,8 @@ fn attach_sends_the_documented_request_and_returns_serial_and_uuid() {
         add(&h).unwrap(),
         AddOutcome::Attached(AttachedDevice {
             device_id: "GPU-aaa".into(),
-            fabric_device_id: "uuid-aaa".into()
+            fabric_device_id: "uuid-aaa".into(),
+            machine_id: Some(MACHINE.into())
         })
     );
     assert_eq!(

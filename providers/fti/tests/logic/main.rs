@@ -23,6 +23,7 @@ pub fn gpu(name: &str, node: &str) -> ComposableResource {
         target_node: node.into(),
         device_id: None,
         fabric_device_id: None,
+        machine_id: None,
         force_detach: false,
     }
 }

@@ -14,9 +14,9 @@ use reqwest::header::{HeaderName, HeaderValue};
 use url::Url;
 
 use crate::base::{DeadlineExceeded, quote};
-use crate::bindings::cro::provider::http::{HttpError, Method, Request, Response};
 use crate::gate::{Capability, Gate};
 use crate::grants::HttpGrant;
+use crate::wit::imports::http::{HttpError, Method, Request, Response};
 
 const MAX_REDIRECTS: usize = 10;
 

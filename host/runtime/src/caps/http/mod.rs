@@ -12,8 +12,8 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::base::until_deadline;
-use crate::bindings::cro::provider::http as wit;
 use crate::gate::Gate;
+use crate::wit::imports::http as wit;
 
 /// The provider's side: its client and its gate.
 pub(crate) struct Http {

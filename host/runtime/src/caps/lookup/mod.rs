@@ -12,9 +12,9 @@ use wasmtime::component::{HasSelf, Linker};
 
 use super::reads::CallReads;
 use crate::base::until_deadline;
-use crate::bindings::cro::provider::lookup as wit;
 use crate::cluster::{ClusterError, ClusterReader};
 use crate::gate::{Capability, Gate};
+use crate::wit::imports::lookup as wit;
 
 /// The provider's side.
 pub(crate) struct Lookup {

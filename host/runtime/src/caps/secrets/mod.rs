@@ -13,9 +13,9 @@ use wasmtime::component::{HasSelf, Linker};
 
 use super::reads::CallReads;
 use crate::base::{quote, until_deadline};
-use crate::bindings::cro::provider::secrets as wit;
 use crate::cluster::{ClusterError, ClusterReader};
 use crate::gate::{Capability, Gate};
+use crate::wit::imports::secrets as wit;
 
 /// The provider's side.
 pub(crate) struct Secrets {

@@ -1,23 +1,91 @@
-//! Bindings for `cro:provider@0.1.0`, world `provider-world`, and the conversions to the
-//! host's own types.
+//! Contract `cro:provider@0.1.0` (`wit/since_v0.1.0`, world `provider-world`): its
+//! bindgen world, the export calls, and the conversions to and from the host's domain
+//! types. The capability imports it defines are the ones every version uses; their
+//! bindings live in `super::imports`.
+
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, InstancePre, Linker};
+
+use crate::call::CallCtx;
+use crate::domain::{self, AddRequest, Claim};
 
 wasmtime::component::bindgen!({
     path: "../../wit/since_v0.1.0",
     world: "provider-world",
-    imports: {
-        // Host I/O: async, and trappable so the call's deadline can end the call from
-        // inside a host import.
-        "cro:provider/http.send": async | trappable,
-        "cro:provider/secrets.get": async | trappable,
-        "cro:provider/lookup": async | trappable,
-        // The log budget ends a call that logs past it.
-        "cro:provider/log.log": trappable,
+    // The capability imports are shared by every version (`super::imports`).
+    with: {
+        "cro:provider/http": crate::wit::imports::cro::provider::http,
+        "cro:provider/secrets": crate::wit::imports::cro::provider::secrets,
+        "cro:provider/lookup": crate::wit::imports::cro::provider::lookup,
+        "cro:provider/config": crate::wit::imports::cro::provider::config,
+        "cro:provider/log": crate::wit::imports::cro::provider::log,
+        "cro:provider/state": crate::wit::imports::cro::provider::state,
     },
     exports: { default: async },
 });
 
-use crate::domain;
 use cro::provider::types as wit;
+
+/// The version's own interfaces (its types) in the linker; the capability imports are
+/// added once for all versions by `crate::call`.
+pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
+    wit::add_to_linker::<CallCtx, HasSelf<CallCtx>>(linker, |c| c)
+}
+
+impl wit::Host for CallCtx {}
+
+pub(crate) type Pre = ProviderWorldPre<CallCtx>;
+
+pub(crate) fn pre(pre: InstancePre<CallCtx>) -> wasmtime::Result<Pre> {
+    ProviderWorldPre::new(pre)
+}
+
+pub(crate) type Reply<T> = wasmtime::Result<Result<T, domain::ProviderError>>;
+
+/// 0.1.0 has no claims, attempt key or size: an attach sees the resource only.
+pub(crate) async fn add(
+    w: &ProviderWorld,
+    s: &mut Store<CallCtx>,
+    req: &AddRequest,
+) -> Reply<domain::AddOutcome> {
+    let r = wit::ComposableResource::from(&req.resource);
+    let reply = w.cro_provider_provider().call_add_resource(s, &r).await?;
+    Ok(reply.map(Into::into).map_err(Into::into))
+}
+
+pub(crate) async fn remove(
+    w: &ProviderWorld,
+    s: &mut Store<CallCtx>,
+    r: &domain::ComposableResource,
+) -> Reply<domain::RemoveOutcome> {
+    let r = wit::ComposableResource::from(r);
+    let reply = w
+        .cro_provider_provider()
+        .call_remove_resource(s, &r)
+        .await?;
+    Ok(reply.map(Into::into).map_err(Into::into))
+}
+
+pub(crate) async fn check(
+    w: &ProviderWorld,
+    s: &mut Store<CallCtx>,
+    r: &domain::ComposableResource,
+) -> Reply<()> {
+    let r = wit::ComposableResource::from(r);
+    let reply = w.cro_provider_provider().call_check_resource(s, &r).await?;
+    Ok(reply.map_err(Into::into))
+}
+
+pub(crate) async fn list(
+    w: &ProviderWorld,
+    s: &mut Store<CallCtx>,
+    _claims: &[Claim],
+) -> Reply<Vec<domain::DeviceInfo>> {
+    let reply = w.cro_provider_provider().call_get_resources(s).await?;
+    Ok(reply
+        .map(|v| v.into_iter().map(Into::into).collect())
+        .map_err(Into::into))
+}
 
 impl From<&domain::ComposableResource> for wit::ComposableResource {
     fn from(r: &domain::ComposableResource) -> wit::ComposableResource {
@@ -57,6 +125,7 @@ impl From<wit::AddOutcome> for domain::AddOutcome {
             wit::AddOutcome::Attached(d) => domain::AddOutcome::Attached(domain::AttachedDevice {
                 device_id: d.device_id,
                 fabric_device_id: d.fabric_device_id,
+                machine_id: None,
             }),
             wit::AddOutcome::InProgress(s) => domain::AddOutcome::InProgress(s),
         }

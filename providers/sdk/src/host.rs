@@ -1,5 +1,6 @@
-//! What the provider imports from its host, as a trait: the component implements it
-//! over the WIT imports, unit tests over a fake.
+//! What a provider imports from its host, as a trait: inside a component
+//! `crate::guest::WasmHost` implements it over the WIT imports; native unit tests use
+//! [`crate::testing::TestHost`] or their own double.
 
 use std::time::SystemTime;
 
@@ -115,7 +116,7 @@ pub trait Host {
 }
 
 /// Seconds since the Unix epoch; a clock before the epoch reads as 0.
-pub(crate) fn unix_now<H: Host + ?Sized>(host: &H) -> u64 {
+pub fn unix_now<H: Host + ?Sized>(host: &H) -> u64 {
     host.now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
