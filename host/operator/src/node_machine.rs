@@ -34,7 +34,7 @@ pub const MACHINE_REF_ANNOTATION: &str = "machine.openshift.io/machine";
 pub const STAND_IN_ANNOTATION: &str = "cro.hpsys.ibm.ie.com/stand-in-for-deleted-node";
 
 /// What names a node's machine, as the Node said when a device was attached there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeMachine {
     #[serde(
         rename = "providerID",
@@ -45,6 +45,14 @@ pub struct NodeMachine {
     /// The Node's `machine.openshift.io/machine` annotation (`namespace/name`).
     #[serde(rename = "machine", default, skip_serializing_if = "Option::is_none")]
     pub machine_ref: Option<String>,
+    /// The fabric-side machine id a 0.2.0 provider reported when it attached the device;
+    /// given back to the provider on every later call, so a detach needs no Node at all.
+    #[serde(
+        rename = "fabricMachine",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub fabric_machine: Option<String>,
 }
 
 impl NodeMachine {
@@ -63,6 +71,7 @@ impl NodeMachine {
         (provider_id.is_some() || machine_ref.is_some()).then_some(NodeMachine {
             provider_id,
             machine_ref,
+            fabric_machine: None,
         })
     }
 
@@ -73,9 +82,9 @@ impl NodeMachine {
 
     /// Reads an annotation value; None when it is not one (edited by hand, say).
     pub fn from_annotation(value: &str) -> Option<NodeMachine> {
-        serde_json::from_str::<NodeMachine>(value)
-            .ok()
-            .filter(|m| m.provider_id.is_some() || m.machine_ref.is_some())
+        serde_json::from_str::<NodeMachine>(value).ok().filter(|m| {
+            m.provider_id.is_some() || m.machine_ref.is_some() || m.fabric_machine.is_some()
+        })
     }
 
     /// What `resource` remembered about its node's machine.

@@ -187,9 +187,10 @@ pub fn to_domain(resource: &ComposableResource) -> domain::ComposableResource {
         target_node: resource.spec.target_node.clone(),
         device_id: resource.device_id().map(str::to_owned),
         fabric_device_id: resource.cdi_device_id().map(str::to_owned),
-        // Recorded on the status by the status work (issue 15); until then the
-        // provider finds the machine through the Node.
-        machine_id: None,
+        // The fabric machine a provider reported at attach (crate::node_machine); without
+        // one the provider finds the machine through the Node (or its stand-in).
+        machine_id: crate::node_machine::NodeMachine::of_resource(resource)
+            .and_then(|m| m.fabric_machine),
         force_detach: resource.spec.force_detach,
     }
 }

@@ -312,12 +312,9 @@ pub fn provider_spec(
             let spec = ProviderSpec::from_file(path).map_err(|e| {
                 OperatorError::Provider(format!("provider spec {}: {e}", path.display()))
             })?;
-            // The shipped FTI component (by its file name) reads known keys; other
-            // providers' keys are known once providers describe their configuration.
-            let shipped = std::path::Path::new(compat::DEFAULT_FTI_COMPONENT).file_name();
-            let known =
-                (spec.component.file_name() == shipped).then_some(&compat::FTI_CONFIG_KEYS[..]);
-            (spec, known)
+            // The keys a provider accepts are what its describe() declares, checked
+            // once it is loaded (check_loaded); a 0.1.0 component declares none.
+            (spec, None)
         }
         ProviderSource::GoEnvironment => {
             let spec = compat::fti_spec_from_env(&env)
@@ -375,8 +372,25 @@ pub async fn load_spec(
         .load(spec, Arc::new(cluster))
         .await
         .map_err(|e| OperatorError::Provider(format!("{}: {e}", spec.component.display())))?;
-    tracing::info!(provider = provider.name(), component = %spec.component.display(), "provider loaded");
+    check_loaded(&provider)?;
+    tracing::info!(provider = provider.name(), component = %spec.component.display(),
+        contract = %provider.contract_version(), "provider loaded");
     Ok(Arc::new(provider))
+}
+
+/// Refuses a loaded provider whose configuration its own `describe()` rejects (keys it
+/// does not accept, required keys not set), naming each key, before any request.
+pub fn check_loaded(provider: &cro_runtime::Provider) -> Result<(), OperatorError> {
+    let problems = startup::check_declared(&provider.capability_report(), provider.info());
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    Err(OperatorError::Config(format!(
+        "provider {}: {}",
+        provider.name(),
+        list.join("; ")
+    )))
 }
 
 /// Loads the provider the configuration names (see [`provider_spec`]); records its

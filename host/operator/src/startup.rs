@@ -24,6 +24,45 @@ pub enum SpecProblem {
         value: String,
         granted: String,
     },
+    #[error(
+        "provider config key {key:?} is not one the provider declares (it accepts: {accepted}); check its spelling"
+    )]
+    UndeclaredConfigKey { key: String, accepted: String },
+    #[error("provider config key {key:?} is required by the provider and not set")]
+    MissingConfigKey { key: String },
+}
+
+/// What a loaded provider's own `describe()` says is wrong with the configuration it
+/// was given: keys it does not accept, keys it requires that are not set. Nothing for a
+/// provider that declares nothing (contract 0.1.0).
+pub fn check_declared(
+    report: &cro_runtime::CapabilityReport,
+    info: Option<&cro_runtime::domain::ProviderInfo>,
+) -> Vec<SpecProblem> {
+    if !report.declared {
+        return Vec::new();
+    }
+    let accepted = info
+        .map(|i| {
+            i.config
+                .iter()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let unknown = report
+        .unknown_config
+        .iter()
+        .map(|k| SpecProblem::UndeclaredConfigKey {
+            key: k.clone(),
+            accepted: accepted.clone(),
+        });
+    let missing = report
+        .missing_config
+        .iter()
+        .map(|k| SpecProblem::MissingConfigKey { key: k.clone() });
+    unknown.chain(missing).collect()
 }
 
 /// Config keys the provider does not read. `known` comes from the provider (its

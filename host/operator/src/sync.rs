@@ -126,13 +126,17 @@ pub async fn sync_once(
     ctx: &Context,
     tracker: &mut OrphanTracker,
 ) -> Result<usize, ReconcileError> {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    // The claims tell a 0.2.0 provider which devices the cluster holds. The resources
+    // are listed again after the fabric answered, so a device attached meanwhile is
+    // compared with a list that already holds it, never taken for an orphan.
+    let before = api.list(&ListParams::default()).await?.items;
     let mut reported = ctx
         .provider
-        .list()
+        .list_claimed(&crate::provider::claims(&before))
         .await
         .map_err(|e| ReconcileError::provider(Operation::List, e))?;
     reported.retain(|d| releasable(d, ctx.config.release_orphan_cxl_memory));
-    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let resources = api.list(&ListParams::default()).await?.items;
     let due = tracker.observe(
         reported,

@@ -59,6 +59,9 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
+                if let Some(machine) = device.machine_id.as_deref() {
+                    res = record_fabric_machine(&api, res, machine).await;
+                }
                 adopt::settled(&api, &mut res).await;
                 tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
@@ -182,4 +185,37 @@ async fn record_machine(
             &Patch::Merge(&patch),
         )
         .await?)
+}
+
+/// Adds the fabric machine the provider reported to the resource's machine record, so
+/// later calls (a detach after the Node is gone above all) name it directly. Best
+/// effort: without it the provider still finds the machine through the Node or the
+/// record's stand-in, so a failed write is logged and the attach goes on.
+async fn record_fabric_machine(
+    api: &Api<ComposableResource>,
+    res: ComposableResource,
+    machine: &str,
+) -> ComposableResource {
+    let mut record = NodeMachine::of_resource(&res).unwrap_or_default();
+    if machine.is_empty() || record.fabric_machine.as_deref() == Some(machine) {
+        return res;
+    }
+    record.fabric_machine = Some(machine.to_owned());
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        ANNOTATION_NODE_MACHINE: record.to_annotation()}}});
+    match api
+        .patch(
+            &res.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(updated) => updated,
+        Err(e) => {
+            tracing::warn!(resource = %res.name_any(), machine, error = %e,
+                "could not record the fabric machine; detach will find it through the node");
+            res
+        }
+    }
 }

@@ -440,10 +440,31 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
             .map_err(|e| e.to_string())
     };
 
-    // The shipped FTI component: its keys are known, so a typo is named.
+    // The FTI component declares its keys (describe()): once loaded, a typo is named
+    // with the keys it accepts, before any request.
     let good = "api_type: FM, endpoint: \"fm.example:8443/\", tenant_id: t";
     check(spec(good, "https://fm.example:8443")).unwrap();
-    let e = check(spec(
+    let loaded = |yaml: String| {
+        let spec = cro_operator::run::provider_spec(&spec_file(&dir, &yaml), |_| None)
+            .map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let runtime = cro_runtime::Runtime::new(Default::default()).unwrap();
+            let provider = runtime
+                .load(
+                    &spec,
+                    std::sync::Arc::new(cro_runtime::cluster::StaticCluster::new()),
+                )
+                .await
+                .unwrap();
+            cro_operator::run::check_loaded(&provider).map_err(|e| e.to_string())
+        })
+    };
+    loaded(spec(good, "https://fm.example:8443")).unwrap();
+    let e = loaded(spec(
         "api_type: FM, endpoint: \"fm.example:8443/\", tenant_idd: t",
         "https://fm.example:8443",
     ))
