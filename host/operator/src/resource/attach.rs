@@ -54,6 +54,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
+                ctx.caches.note_ids_written(&res);
                 adopt::settled(&api, &mut res).await;
                 tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
