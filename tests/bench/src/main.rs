@@ -10,7 +10,7 @@
 //! scripts/bench.sh runs them all.
 
 #[path = "../../../host/operator/tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 mod converge;
