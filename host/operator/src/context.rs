@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use crate::cache::Caches;
 use crate::config::OperatorConfig;
 use crate::metrics::Metrics;
 use crate::nodeops::dra::DraApis;
@@ -23,6 +24,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The DRA kinds this API server serves; None in device-plugin mode.
     pub dra: Option<DraApis>,
+    /// Watch caches of resources, requests and nodes; filled once `caches.run` runs.
+    pub caches: Caches,
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     rescans: Mutex<HashMap<String, Instant>>,
@@ -56,6 +59,7 @@ impl Context {
             config,
             metrics,
             dra,
+            caches: Caches::default(),
             recorder,
             failures: Mutex::default(),
             rescans: Mutex::default(),

@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod allocation;
+pub mod cache;
 pub mod certs;
 pub mod compat;
 pub mod conditions;

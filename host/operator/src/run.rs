@@ -260,6 +260,11 @@ impl Operator {
         // A JoinSet aborts its tasks when dropped: if this future is dropped (the
         // process is going down), no controller keeps running on its own.
         let mut workers = tokio::task::JoinSet::new();
+        let caches = ctx.caches.run(self.client.clone());
+        let cache_stop = stop.clone();
+        workers.spawn(async move {
+            tokio::select! { () = caches => {}, () = cache_stop => {} }
+        });
         workers.spawn(request::controller(ctx.clone(), stop.clone()));
         workers.spawn(resource::controller(ctx.clone(), stop.clone()));
         let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());

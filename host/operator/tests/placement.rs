@@ -117,3 +117,118 @@ async fn other_spec_compares_capacity_in_go_units_and_samenode_requests_do_not_s
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }
+
+/// The API requests a client sent, by kind: LISTs of every object, LISTs by label, and
+/// LISTs cut to one object. Watches are not counted.
+#[derive(Default, Debug, Clone)]
+struct Lists {
+    full: std::collections::BTreeMap<String, usize>,
+    by_label: std::collections::BTreeMap<String, usize>,
+    one: std::collections::BTreeMap<String, usize>,
+}
+
+fn counting_client(
+    config: &kube::Config,
+    counts: std::sync::Arc<std::sync::Mutex<Lists>>,
+) -> kube::Client {
+    let layer =
+        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
+            let path = req.uri().path().to_owned();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            let kind = path.rsplit('/').next().unwrap_or("").to_owned();
+            let is_list = req.method() == hyper::Method::GET
+                && ["composableresources", "composabilityrequests", "nodes"]
+                    .contains(&kind.as_str())
+                && !query.contains("watch=true");
+            if is_list {
+                let mut c = counts.lock().unwrap();
+                let bucket = if query.contains("labelSelector") {
+                    &mut c.by_label
+                } else if query.contains("limit=1") {
+                    &mut c.one
+                } else {
+                    &mut c.full
+                };
+                *bucket.entry(kind).or_default() += 1;
+            }
+            req
+        });
+    kube::client::ClientBuilder::try_from(config.clone())
+        .unwrap()
+        .with_layer(&layer)
+        .build()
+}
+
+/// Reconciliations read requests, nodes and resources from watch caches: planning N
+/// requests and detaching their devices must not list every object per reconcile (that
+/// made the work of N requests grow as N², docs/BENCHMARKS.md). The old code listed all
+/// requests and all nodes per allocation, all resources per attach and per detach, and a request's
+/// resources by label in every reconcile of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciles_read_watch_caches_instead_of_listing_every_object() {
+    const N: usize = 8;
+    let mut env = Env::start().await;
+    for i in 1..=3 {
+        env.add_node(&format!("worker-{i}"), "16").await;
+    }
+    env.sim.add_free_devices("gpu", MODEL, N);
+    // The upstream sync lists every resource once per period (not per reconcile): keep
+    // it out of these counts.
+    env.config.timings.sync_period = std::time::Duration::from_secs(3600);
+    let counts = std::sync::Arc::new(std::sync::Mutex::new(Lists::default()));
+    let plain = env.client.clone();
+    env.client = counting_client(env.harness.config(), counts.clone());
+    env.start_operator().await;
+    env.client = plain;
+
+    // Same-node requests (the default) would not share a node: these may.
+    let mut spec = gpu(1);
+    spec.allocation_policy = AllocationPolicy::DifferentNode;
+    for i in 0..N {
+        env.create_request(&format!("r{i}"), spec.clone()).await;
+    }
+    for i in 0..N {
+        env.wait_running(&format!("r{i}"), 1).await;
+    }
+    for i in 0..N {
+        env.requests()
+            .delete(&format!("r{i}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    eventually("every request and resource gone", CONVERGE, || async {
+        let left = env
+            .requests()
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len()
+            + env
+                .resources()
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .len();
+        (left == 0).then_some(())
+    })
+    .await;
+    let c = counts.lock().unwrap().clone();
+    eprintln!("LIST calls by the operator for {N} requests, up and down: {c:?}");
+    let full = |k: &str| c.full.get(k).copied().unwrap_or(0);
+    // Each watch lists its kind once when it starts (the controllers' and the caches'),
+    // and again only if it has to restart: far fewer than one per request.
+    assert!(full("composabilityrequests") <= 3, "{c:?}");
+    assert!(full("nodes") <= 3, "{c:?}");
+    // Resources: the first listings of the three watches (both controllers' and the
+    // cache's) and the sync's first round; the old code added one per attach and one
+    // per detach.
+    assert!(full("composableresources") <= 5, "{c:?}");
+    // By label only when the cache lacks a resource the request's status names (just
+    // created, or the last look before cleanup ends): at most a few per request, where
+    // the old code did one in every reconcile of every request.
+    let by_label = c.by_label.get("composableresources").copied().unwrap_or(0);
+    assert!(by_label <= 3 * N, "{c:?}");
+    env.stop_operator().await.unwrap();
+}

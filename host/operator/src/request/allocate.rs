@@ -1,7 +1,7 @@
 //! NodeAllocating: the plan (which devices stay, which go, where new ones go), written
 //! into `status.resources`.
 
-use cro_api::{ComposabilityRequest, RequestState, ScalarResourceStatus};
+use cro_api::{AllocationPolicy, ComposabilityRequest, RequestState, ScalarResourceStatus};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
@@ -23,12 +23,28 @@ pub(super) async fn allocate(
     let name = req.name_any();
     let spec = req.spec.resource.clone();
 
-    let nodes = Api::<Node>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let objects = resources_of(ctx, &name).await?;
-    let others = api.list(&ListParams::default()).await?.items;
+    // Planning reads nodes and the other requests from the watch caches: a plan made on
+    // a view a moment old is stored before anything acts on it, and converge replans
+    // when the nodes or the request no longer fit it.
+    let nodes: Vec<Node> = match ctx.caches.nodes() {
+        Some(nodes) => nodes.iter().map(|n| n.as_ref().clone()).collect(),
+        None => {
+            Api::<Node>::all(ctx.client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+        }
+    };
+    let objects = resources_of(ctx, &req).await?;
+    // Only same-node requests constrain this plan: clone those, not every request.
+    let others: Vec<ComposabilityRequest> = match ctx.caches.requests() {
+        Some(all) => all
+            .iter()
+            .filter(|r| r.spec.resource.allocation_policy == AllocationPolicy::SameNode)
+            .map(|r| r.as_ref().clone())
+            .collect(),
+        None => api.list(&ListParams::default()).await?.items,
+    };
     let plan = allocation::plan(
         &views::request_view(&spec),
         &objects.iter().map(views::resource_view).collect::<Vec<_>>(),

@@ -26,7 +26,7 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
     };
 
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
-    let objects = resources_of(ctx, &req.name_any()).await?;
+    let objects = resources_of(ctx, &req).await?;
     for obj in objects.iter().filter(|o| !o.is_being_deleted()) {
         patch::delete(&resources, &obj.name_any()).await?;
     }

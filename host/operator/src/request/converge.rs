@@ -32,7 +32,7 @@ pub(super) async fn converge(
     }
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
-    let objects = resources_of(ctx, &name).await?;
+    let objects = resources_of(ctx, &req).await?;
     let old = status_of(&req);
     let wanted = &old.resources;
 

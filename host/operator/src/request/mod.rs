@@ -97,11 +97,30 @@ pub async fn reconcile(
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
 }
 
-/// The request's ComposableResources, found by label.
+/// The request's ComposableResources: from the watch cache, unless the cache lacks one
+/// that the request's status names (just created, the cache not yet caught up; or gone,
+/// which cleanup must not conclude from a stale cache): then found by label from the API
+/// server. A resource the cache still holds after its deletion is harmless: deleting it
+/// again is a no-op and the next event corrects the mirror.
 pub(crate) async fn resources_of(
     ctx: &Context,
-    request: &str,
+    req: &ComposabilityRequest,
 ) -> Result<Vec<ComposableResource>, ReconcileError> {
+    let request = req.name_any();
+    if let Some(all) = ctx.caches.resources() {
+        let mine: Vec<ComposableResource> = all
+            .iter()
+            .filter(|r| r.managed_by() == Some(request.as_str()))
+            .map(|r| r.as_ref().clone())
+            .collect();
+        let recorded = req.status.iter().flat_map(|s| s.resources.keys());
+        if recorded
+            .into_iter()
+            .all(|n| mine.iter().any(|r| r.name_any() == *n))
+        {
+            return Ok(mine);
+        }
+    }
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let params = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={request}"));
     Ok(api.list(&params).await?.items)

@@ -216,13 +216,16 @@ pub async fn add(
             // A device some other resource holds (a provider tracking its own requests
             // can hand out one adopted meanwhile) is not taken twice: the record stays
             // unknown, so the next attempt looks for this resource's own device first.
-            let others = resources().await?;
-            let other = others.iter().find(|r| {
-                r.name_any() != name
-                    && (r.device_id() == Some(&device.device_id)
-                        || r.ready_to_detach()
-                            .is_some_and(|o| o.device_id == device.device_id))
-            });
+            // From the watch cache, caught up with `res` as written just before the call.
+            let other = ctx
+                .caches
+                .find_resource(&ctx.client, res, |r| {
+                    r.name_any() != name
+                        && (r.device_id() == Some(&device.device_id)
+                            || r.ready_to_detach()
+                                .is_some_and(|o| o.device_id == device.device_id))
+                })
+                .await?;
             if let Some(other) = other {
                 return Ok(Err(CallError::Provider(ProviderError::Other(format!(
                     "the fabric handed out device {} which {} already holds; looking again",

@@ -59,6 +59,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id)
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
+                ctx.caches.note_ids_written(&res);
                 if let Some(machine) = device.machine_id.as_deref() {
                     res = record_fabric_machine(&api, res, machine).await;
                 }

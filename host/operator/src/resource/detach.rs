@@ -5,7 +5,7 @@ use cro_api::{
     ANNOTATION_SKIP_NODE_STEPS, ComposableResource, CroObjectExt, ResourceState, ResourceType,
 };
 use cro_runtime::domain::RemoveOutcome;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
@@ -184,7 +184,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     // Held through the fabric call: an attach on this node meanwhile could be handed
     // this very device back, and must store its ids before the check below runs.
     let guard = ctx.provider.lock_node(&node).await;
-    if let Some(other) = holder_elsewhere(ctx, &name, &uuid).await? {
+    if let Some(other) = holder_elsewhere(ctx, &res, &uuid).await? {
         // This detach finished before a crash kept it from being recorded, and the
         // fabric has since given the device to another resource: nothing is left to do.
         tracing::warn!(device = %uuid, holder = %other,
@@ -296,19 +296,22 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
     Ok((Step::wait(), None))
 }
 
-/// Another ComposableResource whose status holds `device`, if any.
+/// Another ComposableResource whose status holds `device`, if any: from the watch
+/// cache once it shows every change up to this resource's version and every device id an
+/// attach of this process stored (the caller holds the node lock, so an attach on this
+/// node that was handed this device has stored and noted its ids by then), each holder
+/// it names confirmed by a read; else from a LIST (see `Caches::find_resource`).
 async fn holder_elsewhere(
     ctx: &Context,
-    me: &str,
+    me: &ComposableResource,
     device: &str,
 ) -> Result<Option<String>, ReconcileError> {
-    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    Ok(api
-        .list(&ListParams::default())
+    let name = me.name_any();
+    let holds = |r: &ComposableResource| r.name_any() != name && r.device_id() == Some(device);
+    Ok(ctx
+        .caches
+        .find_resource(&ctx.client, me, holds)
         .await?
-        .items
-        .into_iter()
-        .find(|r| r.name_any() != me && r.device_id() == Some(device))
         .map(|r| r.name_any()))
 }
 

@@ -1,0 +1,260 @@
+//! N requests × 2 GPUs over M simulated nodes: time to all Running and to all gone after
+//! deletion, API writes and fabric calls per device, the physical limit and what the Go
+//! operator's code would take (gomodel.rs) on the same parameters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use cro_api::{AllocationPolicy, ComposabilityRequest, ComposableResource, RequestState};
+use cro_operator::config::Timings;
+use fabric_sim::{Fault, Injection};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::{Env, gpu};
+use crate::gomodel;
+use crate::rss::rss;
+
+/// Longest a phase may take before the run is reported as not converged.
+const PHASE_DEADLINE: Duration = Duration::from_secs(900);
+
+/// API requests the operator's client sent.
+#[derive(Default)]
+struct Counts {
+    writes: AtomicU64,
+    event_writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl Counts {
+    fn take(&self) -> (u64, u64, u64) {
+        (
+            self.writes.swap(0, Ordering::SeqCst),
+            self.event_writes.swap(0, Ordering::SeqCst),
+            self.reads.swap(0, Ordering::SeqCst),
+        )
+    }
+}
+
+fn counting_client(config: &kube::Config, counts: Arc<Counts>) -> Result<kube::Client> {
+    let layer =
+        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
+            let query = req.uri().query().unwrap_or("");
+            if req.method() == hyper::Method::GET {
+                if !query.contains("watch=true") {
+                    counts.reads.fetch_add(1, Ordering::Relaxed);
+                }
+            } else if req.uri().path().contains("/events") {
+                counts.event_writes.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counts.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            req
+        });
+    Ok(kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&layer)
+        .build())
+}
+
+/// Median time of one small write (a ConfigMap patch) on this API server.
+async fn write_round_trip(client: &kube::Client) -> Result<Duration> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "bench-rt"}}))?;
+    api.create(&PostParams::default(), &cm).await?;
+    let mut times = Vec::new();
+    for i in 0..21 {
+        let t = Instant::now();
+        api.patch(
+            "bench-rt",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+        )
+        .await?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+async fn wait_until<F, Fut>(what: &str, peak: &Mutex<u64>, mut done: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let start = Instant::now();
+    loop {
+        {
+            let mut p = peak
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *p = (*p).max(rss().0);
+        }
+        if done().await? {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > PHASE_DEADLINE {
+            bail!("{what}: not done after {PHASE_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub fn main(n: usize, m: usize, latency_ms: u64) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(run(n, m, latency_ms))?;
+    println!("{result}");
+    Ok(())
+}
+
+async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
+    let latency = Duration::from_millis(latency_ms);
+    let devices = 2 * n;
+    let mut env = Env::start().await;
+    let rss_before_operator = rss().0;
+    for i in 0..m {
+        env.add_node(&format!("worker-{i:04}"), "64").await;
+    }
+    env.sim.add_free_devices("gpu", common_model(), devices);
+    let round_trip = write_round_trip(&env.client).await?;
+    env.sim
+        .inject(Injection::from(Fault::Latency(latency)).always());
+    // The operator's own defaults, as deployed.
+    env.config.timings = Timings::default();
+    let counts = Arc::new(Counts::default());
+    let plain = env.client.clone();
+    env.client = counting_client(env.harness.config(), counts.clone())?;
+    env.start_operator().await;
+    env.client = plain;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_idle = rss().0;
+    counts.take();
+    env.sim.clear_requests();
+
+    let peak = Mutex::new(0u64);
+    let requests: Api<ComposabilityRequest> = Api::all(env.client.clone());
+    let resources: Api<ComposableResource> = Api::all(env.client.clone());
+    // Request i asks for its 2 GPUs on node i mod M (samenode with a target node), so the
+    // devices spread evenly: N·2/M per node.
+    let spec = gpu(2);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let mut resource = spec.clone();
+            resource.allocation_policy = AllocationPolicy::SameNode;
+            resource.target_node = Some(format!("worker-{:04}", i % m));
+            let req = ComposabilityRequest::new(
+                &format!("bench-{i:04}"),
+                cro_api::ComposabilityRequestSpec { resource },
+            );
+            let api = requests.clone();
+            async move { api.create(&PostParams::default(), &req).await }
+        })
+        .buffer_unordered(16)
+        .for_each(|r| {
+            if let Err(e) = r {
+                eprintln!("create failed: {e}");
+            }
+            futures::future::ready(())
+        })
+        .await;
+    let up = wait_until("all Running", &peak, || async {
+        let list = requests.list(&ListParams::default()).await?;
+        Ok(list.items.len() == n
+            && list.items.iter().all(|r| {
+                r.status
+                    .as_ref()
+                    .is_some_and(|s| s.state == RequestState::Running)
+            }))
+    })
+    .await
+    .context("convergence")?;
+    let (writes_up, events_up, reads_up) = counts.take();
+    let mut per_node_count = std::collections::BTreeMap::<String, usize>::new();
+    for r in resources.list(&ListParams::default()).await?.items {
+        *per_node_count
+            .entry(r.spec.target_node.clone())
+            .or_default() += 1;
+    }
+    let per_node = per_node_count.values().copied().max().unwrap_or(0) as f64;
+    let fabric_up = env.sim.requests().len();
+    let tokens_up = env.sim.token_requests().len();
+    env.sim.clear_requests();
+
+    let dp = DeleteParams::default();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = requests.clone();
+            let dp = dp.clone();
+            async move { api.delete(&format!("bench-{i:04}"), &dp).await.map(|_| ()) }
+        })
+        .buffer_unordered(16)
+        .for_each(|r| {
+            if let Err(e) = r {
+                eprintln!("delete failed: {e}");
+            }
+            futures::future::ready(())
+        })
+        .await;
+    let down = wait_until("all detached", &peak, || async {
+        let left = requests.list(&ListParams::default()).await?.items.len()
+            + resources.list(&ListParams::default()).await?.items.len();
+        Ok(left == 0)
+    })
+    .await
+    .context("deletion")?;
+    let (writes_down, events_down, reads_down) = counts.take();
+    let fabric_down = env.sim.requests().len();
+    let tokens_down = env.sim.token_requests().len();
+    let (_, hwm) = rss();
+    let peak_rss = *peak
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.stop_operator().await.ok();
+
+    // The physical limit: a node's attaches run one at a time under its lock, each
+    // needing its fabric calls in sequence; nodes run in parallel; then the node takes
+    // its time to show the first GPU (the driver pod), and each device's API writes are
+    // round trips in sequence.
+    let l = latency.as_secs_f64();
+    let rt_s = round_trip.as_secs_f64();
+    let node_delay = node_sim::SimTimings::default()
+        .driver_ready_after
+        .as_secs_f64();
+    let f_up = (fabric_up - tokens_up) as f64 / devices as f64;
+    let f_down = (fabric_down - tokens_down) as f64 / devices as f64;
+    let w_up = writes_up as f64 / devices as f64;
+    let w_down = writes_down as f64 / devices as f64;
+    let limit_up = per_node * f_up * l + node_delay + w_up * rt_s;
+    let limit_down = per_node * f_down * l + w_down * rt_s;
+    let go = gomodel::simulate(&gomodel::Params {
+        requests: n,
+        latency: l,
+        round_trip: rt_s,
+        visible_after: node_delay,
+    });
+
+    Ok(json!({
+        "kind": "converge",
+        "requests": n, "nodes": m, "devices": devices, "latency_ms": latency_ms,
+        "devices_per_node_max": per_node,
+        "up_s": up.as_secs_f64(), "down_s": down.as_secs_f64(),
+        "api_writes_up": writes_up, "api_writes_down": writes_down,
+        "event_writes_up": events_up, "event_writes_down": events_down,
+        "api_reads_up": reads_up, "api_reads_down": reads_down,
+        "fabric_calls_up": fabric_up, "fabric_calls_down": fabric_down,
+        "token_calls_up": tokens_up, "token_calls_down": tokens_down,
+        "write_round_trip_ms": rt_s * 1000.0,
+        "node_delay_s": node_delay,
+        "limit_up_s": limit_up, "limit_down_s": limit_down,
+        "go_up_s": go.up, "go_down_s": go.down,
+        "rss_before_operator": rss_before_operator,
+        "rss_idle": rss_idle, "rss_peak_sampled": peak_rss, "rss_hwm": hwm,
+    }))
+}
+
+fn common_model() -> &'static str {
+    crate::common::MODEL
+}

@@ -1,0 +1,55 @@
+//! `cro-bench`: the measurements of docs/BENCHMARKS.md that need a cluster, and the report.
+//!
+//! - `cro-bench converge <requests> <nodes> <latency-ms>`: N requests × 2 GPUs over M
+//!   simulated nodes on a real API server, the fabric simulator answering after the
+//!   latency; prints one JSON line (times, API writes, fabric calls, RSS).
+//! - `cro-bench memory`: the operator's RSS idle, with the FTI component, with several
+//!   providers, and per concurrent call; each stage in a fresh child process.
+//! - `cro-bench report <results.jsonl> <criterion dir>`: the report, Markdown on stdout.
+//!
+//! scripts/bench.sh runs them all.
+
+#[path = "../../../host/operator/tests/common/mod.rs"]
+#[allow(unused_imports)]
+mod common;
+
+mod converge;
+mod gomodel;
+mod memory;
+mod report;
+mod rss;
+
+use std::process::ExitCode;
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["converge", n, m, l] => match (n.parse(), m.parse(), l.parse()) {
+            (Ok(n), Ok(m), Ok(l)) => converge::main(n, m, l),
+            _ => return usage(),
+        },
+        ["memory"] => memory::main(),
+        ["memory-stage", stage] => memory::stage(stage),
+        ["report", results, criterion] => report::main(results.as_ref(), criterion.as_ref()),
+        _ => return usage(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cro-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
