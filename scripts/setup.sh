@@ -64,3 +64,25 @@ build_components() {
   (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target/wasm" cargo build --profile component --locked \
     --target wasm32-wasip2 "$@")
 }
+
+# componentize-py builds Python providers (providers/python-example) into components. It
+# is a pinned PyPI wheel (the compiler and CPython-for-wasm ship inside it) installed in a
+# venv under ~/.cache/cro/tools, keyed by the version so a bump reinstalls and a second run
+# does nothing.
+COMPONENTIZE_PY_VERSION=0.25.1
+ensure_componentize_py() {
+  local venv="$HOME/.cache/cro/tools/componentize-py-$COMPONENTIZE_PY_VERSION"
+  # The marker is written last: an interrupted install never looks finished.
+  if [[ ! -f "$venv/.complete" ]]; then
+    command -v python3 >/dev/null || { say "python3 is missing (needed for componentize-py)"; exit 1; }
+    say "installing componentize-py $COMPONENTIZE_PY_VERSION into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      "componentize-py==$COMPONENTIZE_PY_VERSION"
+    touch "$venv/.complete"
+  fi
+  COMPONENTIZE_PY="$venv/bin/componentize-py"
+  export COMPONENTIZE_PY
+}

@@ -76,10 +76,12 @@
 //! - [`cluster`]: read-only cluster access ([`cluster::StaticCluster`],
 //!   [`cluster::KubeCluster`]).
 //! - [`mod@inspect`]: a component's world, version, imports and exports.
+//! - [`cache`]: compiled components kept on disk across runs.
 
 mod base;
 pub mod bindings;
 pub mod budget;
+pub mod cache;
 mod call;
 pub mod caps;
 pub mod cluster;
@@ -93,6 +95,7 @@ mod runtime;
 
 pub use base::WallClock;
 pub use budget::{Budget, BudgetCounters, BudgetExceeded};
+pub use cache::{CacheError, CacheOutcome, CacheStats, ComponentCache};
 pub use domain::{
     AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, FabricError,
     ProviderError, RemoveOutcome,
