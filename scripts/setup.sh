@@ -86,3 +86,27 @@ ensure_componentize_py() {
   COMPONENTIZE_PY="$venv/bin/componentize-py"
   export COMPONENTIZE_PY
 }
+
+# The Python example provider (providers/python-example) as a component, into
+# target/wasm/python. Rebuilt only when its sources, the WIT it targets or the
+# componentize-py version change (a stamp of their digest sits beside the output).
+PYTHON_EXAMPLE_WIT=wit/since_v0.1.0
+build_python_example() {
+  ensure_componentize_py
+  local src="$ROOT/providers/python-example" out="$ROOT/target/wasm/python"
+  local wasm="$out/python_example.wasm" stamp="$out/python_example.stamp" digest
+  digest="$( (echo "componentize-py $COMPONENTIZE_PY_VERSION $PYTHON_EXAMPLE_WIT";
+              cd "$ROOT" && find providers/python-example "$PYTHON_EXAMPLE_WIT" -type f \
+                \( -name '*.py' -o -name '*.wit' \) -not -path '*/__pycache__/*' | LC_ALL=C sort |
+                xargs sha256sum) | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$wasm" && -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+    return 0
+  fi
+  say "building the Python example provider (componentize-py $COMPONENTIZE_PY_VERSION)"
+  mkdir -p "$out"
+  # Written beside the output and renamed: an interrupted build never looks finished.
+  (cd "$src" && "$COMPONENTIZE_PY" -q -d "$ROOT/$PYTHON_EXAMPLE_WIT" -w provider-world \
+    componentize -p "$src" app -o "$wasm.tmp")
+  mv "$wasm.tmp" "$wasm"
+  echo "$digest" > "$stamp"
+}

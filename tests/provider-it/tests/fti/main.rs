@@ -3,6 +3,7 @@
 mod cm;
 mod egress;
 mod fm;
+mod python;
 mod token;
 
 use std::time::{Duration, Instant};
