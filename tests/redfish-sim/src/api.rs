@@ -43,18 +43,50 @@ pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Option<Value>,
+    /// An XML body instead of JSON (only `$metadata`).
+    pub xml: Option<String>,
+}
+
+/// Headers every reply carries.
+fn standard_headers() -> Vec<(String, String)> {
+    vec![
+        ("OData-Version".into(), "4.0".into()),
+        ("Cache-Control".into(), "no-cache".into()),
+    ]
+}
+
+/// The DMTF JSON schema a resource of `odata_type` is described by.
+fn described_by(odata_type: &str) -> Option<String> {
+    let t = odata_type.strip_prefix('#')?;
+    let mut parts = t.split('.');
+    let namespace = parts.next()?;
+    let version = parts.next().filter(|v| v.starts_with('v'));
+    Some(match version {
+        Some(v) => {
+            format!("<http://redfish.dmtf.org/schemas/v1/{namespace}.{v}.json>; rel=describedby")
+        }
+        None => format!("<http://redfish.dmtf.org/schemas/v1/{namespace}.json>; rel=describedby"),
+    })
 }
 
 impl Reply {
     pub fn json(status: u16, body: Value) -> Reply {
-        let mut headers = vec![("OData-Version".into(), "4.0".into())];
+        let mut headers = standard_headers();
         if let Some(etag) = body.get("@odata.etag").and_then(Value::as_str) {
             headers.push(("ETag".into(), etag.to_string()));
+        }
+        if let Some(link) = body
+            .get("@odata.type")
+            .and_then(Value::as_str)
+            .and_then(described_by)
+        {
+            headers.push(("Link".into(), link));
         }
         Reply {
             status,
             headers,
             body: Some(body),
+            xml: None,
         }
     }
 
@@ -66,8 +98,9 @@ impl Reply {
     fn empty(status: u16) -> Reply {
         Reply {
             status,
-            headers: vec![("OData-Version".into(), "4.0".into())],
+            headers: standard_headers(),
             body: None,
+            xml: None,
         }
     }
 }
@@ -297,18 +330,71 @@ fn parse_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Reply> {
     }
 }
 
-/// Everything but `GET /redfish`, the service root, `odata` and logging in needs a session.
+/// Everything but `GET /redfish`, the service root, `odata`, `$metadata` and logging in
+/// needs a session (or HTTP Basic credentials).
 fn needs_session(route: Route, method: &str) -> bool {
     !(route == Route::ServiceRoot && method == "GET") && route != Route::CreateSession
 }
 
+/// `Authorization: Basic` with the service's credentials.
+fn basic_auth_ok(shared: &Shared, req: &Req) -> bool {
+    use base64::Engine as _;
+    let Some(encoded) = req
+        .header("Authorization")
+        .and_then(|v| v.strip_prefix("Basic "))
+    else {
+        return false;
+    };
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
+        return false;
+    };
+    let expected = format!("{}:{}", shared.config.username, shared.config.password);
+    decoded == expected.as_bytes()
+}
+
+/// The methods a route serves (the `Allow` header).
+fn allowed(route: Route, path: &str) -> &'static str {
+    match route {
+        Route::SessionService if path.ends_with("/Sessions") => "GET, POST",
+        Route::Session => "GET, DELETE",
+        Route::System | Route::SystemPatch => "GET, PATCH",
+        Route::CreateSession => "GET, POST",
+        _ => "GET",
+    }
+}
+
+const METADATA: &str = include_str!("metadata.xml");
+
 /// Serves one request.
 pub(crate) fn handle(shared: &Shared, req: &Req, route: Option<Route>) -> Reply {
+    let mut reply = dispatch(shared, req, route);
+    if let Some(route) = route
+        && reply.status < 300
+    {
+        reply.headers.push((
+            "Allow".into(),
+            allowed(route, req.path.trim_end_matches('/')).into(),
+        ));
+    }
+    reply
+}
+
+fn dispatch(shared: &Shared, req: &Req, route: Option<Route>) -> Reply {
     let now = Instant::now();
     let Some(route) = route else {
         return not_found(&req.path);
     };
-    if needs_session(route, &req.method) {
+    if let Some(v) = req.header("OData-Version")
+        && v.trim() != "4.0"
+    {
+        return error(
+            412,
+            "PreconditionFailed",
+            &format!("OData-Version {v} is not supported; this service speaks 4.0."),
+            &[],
+        );
+    }
+    if needs_session(route, &req.method) && !basic_auth_ok(shared, req) {
         let token = req.header("X-Auth-Token").unwrap_or_default().to_string();
         let valid = !token.is_empty()
             && lock(&shared.state).touch_session(&token, now, shared.config.session_timeout);
@@ -330,6 +416,12 @@ pub(crate) fn handle(shared: &Shared, req: &Req, route: Option<Route>) -> Reply 
     match (method, route) {
         ("GET", Route::ServiceRoot) => match path {
             "/redfish" => Reply::json(200, json!({"v1": "/redfish/v1/"})),
+            "/redfish/v1/$metadata" => Reply {
+                status: 200,
+                headers: standard_headers(),
+                body: None,
+                xml: Some(METADATA.to_string()),
+            },
             "/redfish/v1/odata" => Reply::json(
                 200,
                 json!({"@odata.context": "/redfish/v1/$metadata", "value": [
@@ -550,6 +642,7 @@ fn conditional(req: &Req, reply: Reply) -> Reply {
             status: 304,
             headers: reply.headers,
             body: None,
+            xml: None,
         },
         _ => reply,
     }

@@ -35,12 +35,19 @@ impl Route {
         let path = path.trim_end_matches('/');
         let segs: Vec<&str> = path.split('/').skip(1).collect();
         Some(match segs.as_slice() {
-            ["redfish"] | ["redfish", "v1"] | ["redfish", "v1", "odata"] => Route::ServiceRoot,
+            ["redfish"]
+            | ["redfish", "v1"]
+            | ["redfish", "v1", "odata"]
+            | ["redfish", "v1", "$metadata"] => Route::ServiceRoot,
             ["redfish", "v1", "SessionService"] => Route::SessionService,
             ["redfish", "v1", "SessionService", "Sessions"] => match method {
                 "POST" => Route::CreateSession,
                 _ => Route::SessionService,
             },
+            // A POST to a collection's `Members` is a POST to the collection.
+            ["redfish", "v1", "SessionService", "Sessions", "Members"] if method == "POST" => {
+                Route::CreateSession
+            }
             ["redfish", "v1", "SessionService", "Sessions", _] => Route::Session,
             ["redfish", "v1", "CompositionService"]
             | ["redfish", "v1", "CompositionService", "ResourceZones", ..] => {

@@ -169,15 +169,19 @@ fn raw(status: u16, body: String) -> Response<Full<Bytes>> {
 }
 
 fn to_response(reply: Reply) -> Response<Full<Bytes>> {
-    let body = reply
-        .body
-        .as_ref()
-        .map(|b| serde_json::to_vec_pretty(b).unwrap_or_default())
-        .unwrap_or_default();
-    let has_body = reply.body.is_some();
+    let body = match (&reply.body, &reply.xml) {
+        (_, Some(xml)) => xml.as_bytes().to_vec(),
+        (Some(b), None) => serde_json::to_vec_pretty(b).unwrap_or_default(),
+        (None, None) => Vec::new(),
+    };
     let mut resp = raw(reply.status, String::new());
     *resp.body_mut() = Full::new(Bytes::from(body));
-    if has_body {
+    if reply.xml.is_some() {
+        resp.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/xml;charset=utf-8"),
+        );
+    } else if reply.body.is_some() {
         resp.headers_mut().insert(
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/json;charset=utf-8"),

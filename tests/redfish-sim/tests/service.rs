@@ -676,3 +676,77 @@ async fn injected_faults() {
     assert_eq!(c.sim.active_faults(), 0);
     assert!(!c.sim.requests_to(Route::SystemPatch).is_empty());
 }
+
+#[tokio::test]
+async fn protocol_details_dmtfs_protocol_validator_checks() {
+    let c = Client::start(SimConfig::default()).await;
+    // The OData metadata document, without a session, as XML.
+    let url = format!("{}redfish/v1/$metadata", c.sim.endpoint());
+    let meta = c.http.get(&url).send().await.unwrap();
+    assert_eq!(meta.status(), StatusCode::OK);
+    assert!(
+        meta.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/xml")
+    );
+    let text = meta.text().await.unwrap();
+    assert!(text.contains("<EntityContainer Name=\"Service\""), "{text}");
+
+    // Headers of a GET: Allow, Cache-Control, OData-Version, Link rel=describedby.
+    let root = c.get("/redfish/v1/Systems").await;
+    assert_eq!(root.header("Allow"), Some("GET"));
+    assert_eq!(root.header("Cache-Control"), Some("no-cache"));
+    assert!(root.header("Link").unwrap().contains("rel=describedby"));
+    assert_eq!(
+        c.get("/redfish/v1/SessionService/Sessions")
+            .await
+            .header("Allow"),
+        Some("GET, POST")
+    );
+
+    // An OData version the service does not speak.
+    let v41 = send_raw(
+        &c.http,
+        &c.sim,
+        Method::GET,
+        "/redfish/v1/",
+        None,
+        None,
+        &[("OData-Version", "4.1")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(v41.status, StatusCode::PRECONDITION_FAILED);
+
+    // HTTP Basic authentication instead of a session.
+    let (user, password) = c.sim.credentials();
+    let basic = c
+        .http
+        .get(format!("{}redfish/v1/Systems", c.sim.endpoint()))
+        .basic_auth(&user, Some(&password))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basic.status(), StatusCode::OK);
+    let wrong = c
+        .http
+        .get(format!("{}redfish/v1/Systems", c.sim.endpoint()))
+        .basic_auth(&user, Some("nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+
+    // A POST to a collection's Members is a POST to the collection.
+    let members = c
+        .raw(
+            Method::POST,
+            "/redfish/v1/SessionService/Sessions/Members",
+            None,
+            Some(json!({"UserName": user, "Password": password})),
+        )
+        .await;
+    assert_eq!(members.status, StatusCode::CREATED);
+    assert_eq!(c.sim.session_count(), 2);
+}
