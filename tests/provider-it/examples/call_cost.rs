@@ -6,7 +6,10 @@
 //! - call: the median (and p90) of CALLS calls (default 50), each on a fresh instance
 //!   as the runtime always does: `remove_resource` of a resource without a device id
 //!   (instantiate + call, no I/O) and `check_resource` of an attached device
-//!   (instantiate + call + one HTTPS request to the fabric simulator).
+//!   (instantiate + call + one HTTPS request to the fabric simulator);
+//! - instantiate only, with wasmtime used directly, under several engine settings
+//!   (pooling or on-demand allocation, copy-on-write memory images on or off, memory
+//!   kept resident between instances), to show what each setting buys.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +26,7 @@ fn ms(d: Duration) -> String {
 }
 
 async fn load_times(name: &str, component: &Path, options: RuntimeOptions) {
-    let spec = ProviderSpec::new(name, component);
+    let spec = ProviderSpec::new("cost", component);
     let dir = std::env::temp_dir().join(format!("cro-call-cost-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let load = |cache: Option<ComponentCache>| {
@@ -105,6 +108,66 @@ fn with_ids(mut r: ComposableResource, outcome: AddOutcome) -> ComposableResourc
     }
 }
 
+/// Median time to instantiate (no call) `bytes` under one engine setting. Imports are
+/// defined as traps: instantiation calls none of them.
+async fn instantiate_median(
+    label: &str,
+    bytes: &[u8],
+    pooling: bool,
+    cow: bool,
+    keep_resident: usize,
+    n: usize,
+) {
+    use wasmtime::component::{Component, Linker};
+    use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .wasm_gc(false)
+        .gc_support(false)
+        .memory_init_cow(cow)
+        .memory_reservation(256 << 20);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(4)
+            .total_core_instances(128)
+            .total_memories(32)
+            .total_tables(32)
+            .max_core_instances_per_component(32)
+            .max_memories_per_component(8)
+            .max_tables_per_component(8)
+            .max_memories_per_module(8)
+            .max_tables_per_module(8)
+            .total_stacks(4)
+            .max_memory_size(256 << 20)
+            .linear_memory_keep_resident(keep_resident)
+            .table_keep_resident(keep_resident.min(1 << 20));
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    let engine = Engine::new(&config).expect("engine");
+    let component = Component::new(&engine, bytes).expect("compile");
+    let mut linker: Linker<()> = Linker::new(&engine);
+    linker
+        .define_unknown_imports_as_traps(&component)
+        .expect("trap imports");
+    let pre = linker.instantiate_pre(&component).expect("instantiate_pre");
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..=n {
+        let mut store = Store::new(&engine, ());
+        let t = Instant::now();
+        pre.instantiate(&mut store).expect("instantiate");
+        times.push(t.elapsed());
+        drop(store);
+    }
+    times.remove(0);
+    times.sort();
+    println!(
+        "  {label}: instantiate median {} p90 {}",
+        ms(times[times.len() / 2]),
+        ms(times[times.len() * 9 / 10])
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::args()
@@ -136,4 +199,29 @@ async fn main() {
         px.provider.add_resource(&gpu).await.expect("add"),
     );
     call_times("python-example", &px.provider, &gpu, n).await;
+
+    for (name, path) in [("fti (Rust)", &fti), ("python-example", &py)] {
+        let bytes = std::fs::read(path).expect("read component");
+        println!("{name}: instantiate only, by engine setting ({n} instances each):");
+        instantiate_median(
+            "pooling + copy-on-write images (cro's setting)",
+            &bytes,
+            true,
+            true,
+            0,
+            n,
+        )
+        .await;
+        instantiate_median("pooling, copy-on-write off", &bytes, true, false, 0, n).await;
+        instantiate_median(
+            "pooling + CoW, 64 MiB kept resident per slot",
+            &bytes,
+            true,
+            true,
+            64 << 20,
+            n,
+        )
+        .await;
+        instantiate_median("on-demand allocation + CoW", &bytes, false, true, 0, n).await;
+    }
 }
