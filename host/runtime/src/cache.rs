@@ -141,7 +141,12 @@ impl ComponentCache {
     /// The cache the environment asks for (see the module's documentation); `None` when
     /// turned off or when no cache directory can be named (no `HOME`).
     pub fn from_env() -> Option<ComponentCache> {
-        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        ComponentCache::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`ComponentCache::from_env`] with the variables read through `var`.
+    fn from_vars(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<ComponentCache> {
+        let var = |name: &str| var(name).filter(|v| !v.is_empty());
         if let Some(v) = var("CRO_COMPONENT_CACHE")
             && env_off(&v.to_string_lossy())
         {
@@ -449,6 +454,38 @@ mod tests {
         for v in ["on", "1", "yes", "/tmp/x"] {
             assert!(!env_off(v), "{v}");
         }
+    }
+
+    #[test]
+    fn the_environment_names_the_directory_bound_and_off_switch() {
+        let from = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ComponentCache::from_vars(move |name| {
+                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.into())
+            })
+        };
+        let home = from(&[("HOME", "/home/u")]).unwrap();
+        assert_eq!(home.dir(), Path::new("/home/u/.cache/cro/components"));
+        assert_eq!(home.max_bytes, DEFAULT_MAX_BYTES);
+        let xdg = from(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/xdg")]).unwrap();
+        assert_eq!(xdg.dir(), Path::new("/xdg/cro/components"));
+        let explicit = from(&[
+            ("XDG_CACHE_HOME", "/xdg"),
+            ("CRO_COMPONENT_CACHE_DIR", "/c"),
+            ("CRO_COMPONENT_CACHE_MAX_BYTES", "1000"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (explicit.dir(), explicit.max_bytes),
+            (Path::new("/c"), 1000)
+        );
+        assert!(from(&[("HOME", "/home/u"), ("CRO_COMPONENT_CACHE", "off")]).is_none());
+        assert!(from(&[("HOME", "/home/u"), ("CRO_COMPONENT_CACHE", "on")]).is_some());
+        // Empty values count as unset; nothing to name a directory by: no cache.
+        assert!(from(&[("HOME", ""), ("XDG_CACHE_HOME", "")]).is_none());
     }
 
     #[test]
