@@ -22,7 +22,7 @@ use cro_runtime::{
 use provider_it::{Api, Fixture, MODEL, python};
 
 fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
 async fn load_times(name: &str, component: &Path, options: RuntimeOptions) {
