@@ -64,3 +64,49 @@ build_components() {
   (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target/wasm" cargo build --profile component --locked \
     --target wasm32-wasip2 "$@")
 }
+
+# componentize-py builds Python providers (providers/python-example) into components. It
+# is a pinned PyPI wheel (the compiler and CPython-for-wasm ship inside it) installed in a
+# venv under ~/.cache/cro/tools, keyed by the version so a bump reinstalls and a second run
+# does nothing.
+COMPONENTIZE_PY_VERSION=0.25.1
+ensure_componentize_py() {
+  local venv="$HOME/.cache/cro/tools/componentize-py-$COMPONENTIZE_PY_VERSION"
+  # The marker is written last: an interrupted install never looks finished.
+  if [[ ! -f "$venv/.complete" ]]; then
+    command -v python3 >/dev/null || { say "python3 is missing (needed for componentize-py)"; exit 1; }
+    say "installing componentize-py $COMPONENTIZE_PY_VERSION into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      "componentize-py==$COMPONENTIZE_PY_VERSION"
+    touch "$venv/.complete"
+  fi
+  COMPONENTIZE_PY="$venv/bin/componentize-py"
+  export COMPONENTIZE_PY
+}
+
+# The Python example provider (providers/python-example) as a component, into
+# target/wasm/python. Rebuilt only when its sources, the WIT it targets or the
+# componentize-py version change (a stamp of their digest sits beside the output).
+PYTHON_EXAMPLE_WIT=wit/since_v0.1.0
+build_python_example() {
+  ensure_componentize_py
+  local src="$ROOT/providers/python-example" out="$ROOT/target/wasm/python"
+  local wasm="$out/python_example.wasm" stamp="$out/python_example.stamp" digest
+  digest="$( (echo "componentize-py $COMPONENTIZE_PY_VERSION $PYTHON_EXAMPLE_WIT";
+              cd "$ROOT" && find providers/python-example "$PYTHON_EXAMPLE_WIT" -type f \
+                \( -name '*.py' -o -name '*.wit' \) -not -path '*/__pycache__/*' | LC_ALL=C sort |
+                xargs sha256sum) | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$wasm" && -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+    return 0
+  fi
+  say "building the Python example provider (componentize-py $COMPONENTIZE_PY_VERSION)"
+  mkdir -p "$out"
+  # Written beside the output and renamed: an interrupted build never looks finished.
+  (cd "$src" && "$COMPONENTIZE_PY" -q -d "$ROOT/$PYTHON_EXAMPLE_WIT" -w provider-world \
+    componentize -p "$src" app -o "$wasm.tmp")
+  mv "$wasm.tmp" "$wasm"
+  echo "$digest" > "$stamp"
+}

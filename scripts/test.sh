@@ -29,6 +29,11 @@ build_components -p fti-provider -p fti-v0-1-0 -p cro-testkit -p future-version-
 CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked --target wasm32-wasip2 \
   -p fti-provider -p fti-v0-1-0 -p cro-provider-sdk -p cro-testkit -- -D warnings
 
+step "Python example provider (componentize-py)"
+t0=$(date +%s)
+build_python_example
+echo "Python example provider ready in $(( $(date +%s) - t0 )) s"
+
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
 

@@ -11,6 +11,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::base::{WallClock, base_config, error_chain};
+use crate::cache::ComponentCache;
 use crate::call::{self, CallCtx, SlotSize};
 
 /// Why the engine could not be made.
@@ -41,6 +42,9 @@ pub struct RuntimeOptions {
     pub max_tables_per_component: u32,
     /// The wall clock; `None` is the system clock.
     pub wall_clock: Option<WallClock>,
+    /// Where compiled components are kept across runs; `None` compiles every time.
+    /// The default comes from the environment ([`ComponentCache::from_env`]).
+    pub component_cache: Option<ComponentCache>,
 }
 
 impl Default for RuntimeOptions {
@@ -58,6 +62,7 @@ impl Default for RuntimeOptions {
             max_memories_per_component: 2,
             max_tables_per_component: 4,
             wall_clock: None,
+            component_cache: ComponentCache::from_env(),
         }
     }
 }
@@ -79,6 +84,7 @@ impl fmt::Debug for RuntimeOptions {
             )
             .field("max_tables_per_component", &self.max_tables_per_component)
             .field("wall_clock", &self.wall_clock.as_ref().map(|_| "injected"))
+            .field("component_cache", &self.component_cache)
             .finish()
     }
 }

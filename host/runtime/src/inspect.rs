@@ -6,6 +6,7 @@ use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
 use crate::base::{base_config, error_chain};
+use crate::cache::ComponentCache;
 
 pub use crate::wit::SUPPORTED_VERSIONS;
 use crate::wit::{EXPORTS, OWN_INTERFACES, PACKAGE, same_minor};
@@ -82,12 +83,14 @@ pub fn sniff(bytes: &[u8]) -> Result<(), InspectError> {
     }
 }
 
-/// Compiles `bytes` with a plain engine and describes the component.
+/// Compiles `bytes` with a plain engine (through the environment's component cache)
+/// and describes the component.
 pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
     sniff(bytes)?;
     let engine = Engine::new(&base_config()).map_err(|e| InspectError::Invalid(error_chain(&e)))?;
-    let component =
-        Component::new(&engine, bytes).map_err(|e| InspectError::Invalid(error_chain(&e)))?;
+    let cache = ComponentCache::from_env();
+    let component = crate::cache::compile(cache.as_ref(), &engine, bytes)
+        .map_err(|e| InspectError::Invalid(error_chain(&e)))?;
     Ok(describe(&engine, &component))
 }
 

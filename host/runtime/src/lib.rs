@@ -80,9 +80,11 @@
 //! - [`mod@inspect`]: a component's world, version, imports and exports.
 //! - [`wit`]: the contract versions served (one module each) behind one dispatch.
 //! - [`report`]: what a provider declares it needs against what it is granted.
+//! - [`cache`]: compiled components kept on disk across runs.
 
 mod base;
 pub mod budget;
+pub mod cache;
 mod call;
 pub mod caps;
 pub mod cluster;
@@ -98,6 +100,7 @@ pub mod wit;
 
 pub use base::WallClock;
 pub use budget::{Budget, BudgetCounters, BudgetExceeded};
+pub use cache::{CacheError, CacheOutcome, CacheStats, ComponentCache};
 pub use domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
     FabricError, ProviderError, ProviderInfo, RemoveOutcome,

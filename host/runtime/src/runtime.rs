@@ -11,6 +11,7 @@ use wasmtime::component::Component;
 
 use crate::base::error_chain;
 use crate::budget::BudgetCounters;
+use crate::cache;
 use crate::call::ProviderCaps;
 use crate::caps::http::{Http, egress::HttpEgress};
 use crate::caps::log::Log;
@@ -323,10 +324,12 @@ impl Runtime {
             return Ok(c);
         }
         let engine = &self.inner.shared.engine;
-        let component = Component::new(engine, bytes).map_err(|e| match pool_refusal(&e) {
-            Some(text) => LoadError::TooLarge(text),
-            None => LoadError::Component(InspectError::Invalid(error_chain(&e))),
-        })?;
+        let cache = self.inner.shared.options.component_cache.as_ref();
+        let component =
+            cache::compile(cache, engine, bytes).map_err(|e| match pool_refusal(&e) {
+                Some(text) => LoadError::TooLarge(text),
+                None => LoadError::Component(InspectError::Invalid(error_chain(&e))),
+            })?;
         let info = Arc::new(inspect::describe(engine, &component));
         let compiled = Compiled {
             bytes: bytes.into(),

@@ -2,6 +2,7 @@
 //! and version; inspection describes what a component is.
 
 mod common;
+mod component_cache;
 
 use std::sync::Arc;
 

@@ -16,6 +16,8 @@
 //! # }
 //! ```
 
+pub mod python;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};

@@ -4,6 +4,7 @@ mod cm;
 mod contract;
 mod egress;
 mod fm;
+mod python;
 mod token;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,98 @@
+//! The Python example provider (providers/python-example, built by componentize-py)
+//! in the real runtime against the fabric simulator's Fabric Manager API.
+
+use cro_runtime::ProviderError;
+use fabric_sim::Route;
+use provider_it::MODEL;
+use provider_it::python::start;
+use serde_json::json;
+
+use crate::*;
+
+const MACHINE: &str = "0b1c2d3e-0000-4000-8000-00000000py01";
+
+#[tokio::test]
+async fn python_provider_attaches_checks_lists_and_detaches() {
+    let fx = start(&[]).await;
+    fx.sim.add_free_devices("gpu", MODEL, 2);
+    fx.add_node("worker-0", MACHINE);
+    let mut gpu = fx.gpu("gpu-py", "worker-0");
+
+    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    let on_machine = fx.sim.machine_devices(MACHINE);
+    assert_eq!(on_machine.len(), 1);
+    assert_eq!(
+        (&on_machine[0].serial, &on_machine[0].res_uuid),
+        (&serial, &uuid)
+    );
+    assert_eq!(fx.sim.free_devices("gpu", MODEL), 1);
+    gpu.device_id = Some(serial.clone());
+    gpu.fabric_device_id = Some(uuid.clone());
+
+    fx.provider.check_resource(&gpu).await.unwrap();
+    fx.sim.set_op_status(&serial, "1").unwrap();
+    assert!(matches!(
+        provider_error(fx.provider.check_resource(&gpu).await),
+        ProviderError::Warning(m) if m.contains(&serial)
+    ));
+    fx.sim.set_op_status(&serial, "0").unwrap();
+
+    let listed = fx.provider.get_resources().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].node, "worker-0");
+    assert_eq!(listed[0].machine_id, MACHINE);
+    assert_eq!(listed[0].model, MODEL);
+    assert_eq!(listed[0].device_id, serial);
+
+    // The token came once and was reused from the host's state store.
+    assert_eq!(fx.sim.token_requests().len(), 1);
+
+    assert_eq!(
+        fx.provider.remove_resource(&gpu).await.unwrap(),
+        cro_runtime::RemoveOutcome::Removed
+    );
+    assert!(fx.sim.machine_devices(MACHINE).is_empty());
+    assert_eq!(fx.sim.free_devices("gpu", MODEL), 2);
+    assert_eq!(fx.sim.requests_to(Route::FmDetach).len(), 1);
+    // A second detach finds the device gone: done, without another DELETE.
+    assert_eq!(
+        fx.provider.remove_resource(&gpu).await.unwrap(),
+        cro_runtime::RemoveOutcome::Removed
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmDetach).len(), 1);
+    assert!(matches!(
+        provider_error(fx.provider.check_resource(&gpu).await),
+        ProviderError::NotFound(_)
+    ));
+}
+
+#[tokio::test]
+async fn python_provider_reports_typed_errors() {
+    let fx = start(&[]).await;
+    fx.add_node("worker-0", MACHINE);
+    // An empty pool: the simulator's no-capacity code becomes the typed error.
+    assert!(matches!(
+        provider_error(
+            fx.provider
+                .add_resource(&fx.gpu("gpu-none", "worker-0"))
+                .await
+        ),
+        ProviderError::NoCapacity(_)
+    ));
+    // A node that is not on the fabric.
+    fx.cluster
+        .insert_object(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "plain"}, "spec": {"providerID": "kind://docker/plain"}}))
+        .unwrap();
+    assert!(matches!(
+        provider_error(fx.provider.add_resource(&fx.gpu("gpu-p", "plain")).await),
+        ProviderError::NotFound(m) if m.contains("plain")
+    ));
+
+    // The Cluster Manager API is not implemented by this example: a typed config error.
+    let cm = start(&[("api_type", "CM")]).await;
+    assert!(matches!(
+        provider_error(cm.provider.add_resource(&cm.gpu("gpu-cm", "worker-0")).await),
+        ProviderError::Config(m) if m.contains("Fabric Manager")
+    ));
+}
