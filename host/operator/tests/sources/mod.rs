@@ -1,0 +1,367 @@
+//! Component sources against real parts: a real OCI registry on loopback
+//! (go-containerregistry's `crane registry serve`, built by deploy/tools/ensure-tools.sh),
+//! the FTI component pushed as a wasm OCI artifact, and ConfigMaps and pull Secrets on
+//! the real API server.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cro_api::{ComponentSource, ConfigMapSource, OciSource, SecretReference};
+use cro_operator::source::{
+    self, FetchOptions, SourceError, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE, sha256_hex,
+};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+
+/// `crane registry serve` on a loopback port, stopped when dropped.
+struct Registry {
+    child: tokio::process::Child,
+    host: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+fn crane() -> PathBuf {
+    let script = cro_test_support::workspace_root().join("deploy/tools/ensure-tools.sh");
+    let out = std::process::Command::new(script)
+        .arg("crane")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ensure-tools.sh crane failed");
+    let text = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(text.trim().strip_prefix("crane=").unwrap())
+}
+
+impl Registry {
+    async fn start() -> Registry {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let host = format!("127.0.0.1:{port}");
+        let child = tokio::process::Command::new(crane())
+            .args(["registry", "serve", "--address", &host])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&host).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "registry on {host} did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Registry { child, host }
+    }
+
+    fn client(&self) -> Client {
+        Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(vec![self.host.clone()]),
+            ..ClientConfig::default()
+        })
+    }
+
+    /// Pushes `bytes` as a one-layer artifact of `media_type` under `repo:tag`; returns the
+    /// manifest digest the registry reports.
+    async fn push(&self, repo: &str, tag: &str, bytes: Vec<u8>, media_type: &str) -> String {
+        let reference: Reference = format!("{}/{repo}:{tag}", self.host).parse().unwrap();
+        let client = self.client();
+        let config = Config::new(b"{}".to_vec(), WASM_CONFIG_MEDIA_TYPE.into(), None);
+        client
+            .push(
+                &reference,
+                &[ImageLayer::new(bytes, media_type.into(), None)],
+                config,
+                &RegistryAuth::Anonymous,
+                None,
+            )
+            .await
+            .unwrap();
+        client
+            .fetch_manifest_digest(&reference, &RegistryAuth::Anonymous)
+            .await
+            .unwrap()
+    }
+
+    fn options(&self) -> FetchOptions {
+        FetchOptions {
+            plain_http_registries: vec![self.host.clone()],
+            ..FetchOptions::default()
+        }
+    }
+}
+
+fn fti_component() -> Vec<u8> {
+    std::fs::read(cro_test_support::component("fti-provider")).unwrap()
+}
+
+async fn kube() -> kube::Client {
+    kube_harness::shared().await.unwrap().client().unwrap()
+}
+
+fn oci(reference: String, pull_secret: Option<SecretReference>) -> ComponentSource {
+    ComponentSource {
+        oci: Some(OciSource {
+            reference,
+            pull_secret,
+        }),
+        ..ComponentSource::default()
+    }
+}
+
+#[tokio::test]
+async fn a_component_is_pulled_from_a_registry_by_digest_and_only_by_its_digest() {
+    let registry = Registry::start().await;
+    let kube = kube().await;
+    let wasm = fti_component();
+    let digest = registry
+        .push("cro/fti", "1.0", wasm.clone(), WASM_LAYER_MEDIA_TYPE)
+        .await;
+
+    let reference = format!("{}/cro/fti:1.0@{digest}", registry.host);
+    let fetched = source::fetch(&kube, &oci(reference, None), &registry.options())
+        .await
+        .unwrap();
+    assert!(
+        fetched.bytes == wasm,
+        "the pulled bytes differ from the pushed component"
+    );
+    assert_eq!(fetched.digest, format!("sha256:{}", sha256_hex(&wasm)));
+
+    // A digest the registry does not have (a tag moved, a typo): refused, naming it.
+    let wrong = format!("sha256:{}", sha256_hex(b"some other component"));
+    let reference = format!("{}/cro/fti:1.0@{wrong}", registry.host);
+    let err = source::fetch(&kube, &oci(reference, None), &registry.options())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, SourceError::Registry { .. }), "{err:?}");
+    assert!(msg.contains(&wrong), "{msg}");
+    assert!(
+        msg.to_lowercase().contains("manifest unknown")
+            || msg.contains("MANIFEST_UNKNOWN")
+            || msg.contains("404"),
+        "{msg}"
+    );
+
+    // Over the size limit: refused from the manifest's size, before the layer is read.
+    let reference = format!("{}/cro/fti@{digest}", registry.host);
+    let small = FetchOptions {
+        max_component_bytes: wasm.len() as u64 - 1,
+        ..registry.options()
+    };
+    let err = source::fetch(&kube, &oci(reference, None), &small)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SourceError::TooLarge { declared: true, size, .. } if size == wasm.len() as u64),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("over the limit"), "{err}");
+}
+
+#[tokio::test]
+async fn an_artifact_without_a_wasm_layer_is_refused_by_media_type() {
+    let registry = Registry::start().await;
+    let kube = kube().await;
+    let digest = registry
+        .push(
+            "cro/tarball",
+            "1",
+            b"not wasm".to_vec(),
+            "application/vnd.oci.image.layer.v1.tar",
+        )
+        .await;
+    let reference = format!("{}/cro/tarball@{digest}", registry.host);
+    let err = source::fetch(&kube, &oci(reference, None), &registry.options())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("application/wasm") && msg.contains("application/vnd.oci.image.layer.v1.tar"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn pull_secrets_are_read_from_the_cluster_and_refused_clearly() {
+    // crane's registry has no authentication, so credentials are checked as far as the
+    // cluster goes here; their parsing is unit-tested (source::pull_secret).
+    let registry = Registry::start().await;
+    let kube = kube().await;
+    let digest = registry
+        .push("cro/fti", "auth", fti_component(), WASM_LAYER_MEDIA_TYPE)
+        .await;
+    let reference = format!("{}/cro/fti@{digest}", registry.host);
+    let secrets: Api<Secret> = Api::namespaced(kube.clone(), "default");
+    let secret_ref = |name: &str| {
+        Some(SecretReference {
+            name: name.into(),
+            namespace: "default".into(),
+        })
+    };
+
+    let err = source::fetch(
+        &kube,
+        &oci(reference.clone(), secret_ref("absent-pull")),
+        &registry.options(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.to_string(), "pull Secret default/absent-pull not found");
+
+    let make = |name: &str, type_: &str, json: String| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            ByteString(json.into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    let good = format!(
+        r#"{{"auths":{{"{}":{{"username":"robot","password":"pw"}}}}}}"#,
+        registry.host
+    );
+    for s in [
+        make("opaque-pull", "Opaque", good.clone()),
+        make(
+            "other-registry-pull",
+            "kubernetes.io/dockerconfigjson",
+            r#"{"auths":{"elsewhere.example":{"username":"u","password":"p"}}}"#.into(),
+        ),
+        make("good-pull", "kubernetes.io/dockerconfigjson", good),
+    ] {
+        let _ = secrets
+            .delete(
+                s.metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await;
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+
+    let err = source::fetch(
+        &kube,
+        &oci(reference.clone(), secret_ref("opaque-pull")),
+        &registry.options(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("type is Opaque, expected kubernetes.io/dockerconfigjson"),
+        "{err}"
+    );
+    let err = source::fetch(
+        &kube,
+        &oci(reference.clone(), secret_ref("other-registry-pull")),
+        &registry.options(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("no credentials for registry {}", registry.host)),
+        "{err}"
+    );
+    // Credentials that match the registry are sent; this registry ignores them.
+    let fetched = source::fetch(
+        &kube,
+        &oci(reference, secret_ref("good-pull")),
+        &registry.options(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fetched.bytes.len(), fti_component().len());
+}
+
+#[tokio::test]
+async fn a_component_is_read_from_a_configmaps_binary_data() {
+    let kube = kube().await;
+    let wasm = fti_component();
+    let maps: Api<ConfigMap> = Api::namespaced(kube.clone(), "default");
+    let _ = maps.delete("fti-component", &DeleteParams::default()).await;
+    maps.create(
+        &PostParams::default(),
+        &ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("fti-component".into()),
+                ..Default::default()
+            },
+            binary_data: Some(BTreeMap::from([(
+                "fti.wasm".into(),
+                ByteString(wasm.clone()),
+            )])),
+            data: Some(BTreeMap::from([("note".into(), "text".into())])),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let source_of = |name: &str, key: &str| ComponentSource {
+        config_map: Some(ConfigMapSource {
+            name: name.into(),
+            namespace: "default".into(),
+            key: key.into(),
+        }),
+        ..ComponentSource::default()
+    };
+    let fetched = source::fetch(
+        &kube,
+        &source_of("fti-component", "fti.wasm"),
+        &FetchOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert!(fetched.bytes == wasm);
+    assert_eq!(fetched.digest, format!("sha256:{}", sha256_hex(&wasm)));
+
+    let err = source::fetch(
+        &kube,
+        &source_of("fti-component", "note"),
+        &FetchOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("no binaryData key \"note\""),
+        "{err}"
+    );
+    let err = source::fetch(
+        &kube,
+        &source_of("absent", "fti.wasm"),
+        &FetchOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.to_string(), "ConfigMap default/absent not found");
+    let small = FetchOptions {
+        max_component_bytes: 1024,
+        ..FetchOptions::default()
+    };
+    let err = source::fetch(&kube, &source_of("fti-component", "fti.wasm"), &small)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SourceError::TooLarge { .. }), "{err:?}");
+}
