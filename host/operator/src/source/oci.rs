@@ -179,11 +179,13 @@ mod tests {
 
     #[test]
     fn exactly_one_wasm_layer_is_required() {
-        let mut m = OciImageManifest::default();
-        m.layers = vec![
-            layer("application/vnd.oci.image.layer.v1.tar"),
-            layer(WASM_LAYER_MEDIA_TYPE),
-        ];
+        let mut m = OciImageManifest {
+            layers: vec![
+                layer("application/vnd.oci.image.layer.v1.tar"),
+                layer(WASM_LAYER_MEDIA_TYPE),
+            ],
+            ..OciImageManifest::default()
+        };
         assert_eq!(
             wasm_layer("r", &m).unwrap().media_type,
             WASM_LAYER_MEDIA_TYPE
