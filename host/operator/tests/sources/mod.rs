@@ -1,7 +1,9 @@
 //! Component sources against real parts: a real OCI registry on loopback
 //! (go-containerregistry's `crane registry serve`, built by deploy/tools/ensure-tools.sh),
 //! the FTI component pushed as a wasm OCI artifact, and ConfigMaps and pull Secrets on
-//! the real API server.
+//! the real API server; https sources against a TLS server on loopback (`https`).
+
+mod https;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
