@@ -382,3 +382,48 @@ async fn a_component_is_read_from_a_configmaps_binary_data() {
         .unwrap_err();
     assert!(matches!(err, SourceError::TooLarge { .. }), "{err:?}");
 }
+
+/// A `CdiProvider`'s grants and limits are a provider spec file's, field for field: the
+/// runtime's own parser accepts them (defaults filled in) and applies its validation.
+#[test]
+fn cdi_provider_grants_and_limits_parse_as_a_provider_spec_file() {
+    let spec: cro_api::CdiProviderSpec = serde_json::from_value(serde_json::json!({
+        "source": {"configMap": {"name": "c", "namespace": "n", "key": "k"}},
+        "config": {"api_type": "FM"},
+        "grants": {
+            "http": [{"url": "https://fm.example:8443"}],
+            "secret": {"namespace": "cro-system", "name": "creds", "keys": ["username"]},
+            "lookup": [{"api_version": "v1", "kind": "Node"}],
+            "wasi": {"clocks": true}
+        },
+        "limits": {"call_timeout_ms": 1000, "max_concurrent_calls": 4}
+    }))
+    .unwrap();
+    let as_file = |spec: &cro_api::CdiProviderSpec| {
+        serde_json::json!({
+            "name": "fti",
+            "component": "/c.wasm",
+            "config": spec.config,
+            "grants": spec.grants,
+            "limits": spec.limits,
+        })
+        .to_string()
+    };
+    let parsed =
+        cro_runtime::ProviderSpec::from_json(&as_file(&spec), std::path::Path::new("/")).unwrap();
+    assert_eq!(parsed.limits.call_timeout_ms, 1000);
+    assert_eq!(parsed.limits.max_concurrent_calls, 4);
+    assert_eq!(
+        parsed.limits.memory_bytes,
+        cro_runtime::Limits::default().memory_bytes
+    );
+    assert_eq!(parsed.grants.secret.as_ref().unwrap().keys, ["username"]);
+    assert!(parsed.grants.allows_lookup("v1", "Node"));
+
+    // The runtime's checks apply beyond what the CRD schema says.
+    let mut bad = spec.clone();
+    bad.grants.http[0].url = "https://fm.example:8443/some/path".into();
+    assert!(
+        cro_runtime::ProviderSpec::from_json(&as_file(&bad), std::path::Path::new("/")).is_err()
+    );
+}
