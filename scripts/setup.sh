@@ -51,10 +51,11 @@ if ! command -v go >/dev/null; then
   fi
 fi
 
-# helm and kustomize for the deployment tests (deploy/helm, deploy/kustomize): built once
-# from the Go module proxy into ~/.cache/cro/tools (about 2-3 minutes cold, nothing after).
+# helm and kustomize for the deployment tests (deploy/helm, deploy/kustomize), and crane
+# for the loopback OCI registry of the component-source tests: built once from the Go
+# module proxy into ~/.cache/cro/tools (a few minutes cold, nothing after).
 ensure_deploy_tools() {
-  "$ROOT/deploy/tools/ensure-tools.sh" helm kustomize >/dev/null
+  "$ROOT/deploy/tools/ensure-tools.sh" helm kustomize crane >/dev/null
 }
 
 # Provider components live in their own target dir so a test that builds one while

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Provides the deployment tools the tests use (helm, kustomize), built once from the Go
+# Provides the tools the tests use (helm, kustomize, and crane for a loopback OCI
+# registry), built once from the Go
 # module proxy into a cache outside the repository, the way tests/control-plane/
 # ensure-binaries.sh provides kube-apiserver. A fresh clone never rebuilds them and nothing
 # binary is committed.
 #
-# Usage: ensure-tools.sh [helm|kustomize]...   (default: both)
-# Prints one line per tool: "<name>=<absolute path>". CRO_HELM / CRO_KUSTOMIZE naming an
+# Usage: ensure-tools.sh [helm|kustomize|crane]...   (default: all three)
+# Prints one line per tool: "<name>=<absolute path>". CRO_HELM / CRO_KUSTOMIZE / CRO_CRANE naming an
 # existing executable are used as they are.
 set -euo pipefail
 
 HELM_VERSION="${CRO_HELM_VERSION:-v3.19.5}"
 KUSTOMIZE_VERSION="${CRO_KUSTOMIZE_VERSION:-v5.7.1}"
+# go-containerregistry's crane: `crane registry serve` is a real OCI registry for tests.
+CRANE_VERSION="${CRO_CRANE_VERSION:-v0.22.1}"
 CACHE_ROOT="${CRO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cro}"
 
 log() { echo "[tools] $*" >&2; }
@@ -42,11 +45,12 @@ ensure() {
 }
 
 tools=("$@")
-((${#tools[@]})) || tools=(helm kustomize)
+((${#tools[@]})) || tools=(helm kustomize crane)
 for t in "${tools[@]}"; do
   case "$t" in
     helm) ensure helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "${CRO_HELM:-}" ;;
     kustomize) ensure kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION" "${CRO_KUSTOMIZE:-}" ;;
-    *) log "unknown tool $t (helm, kustomize)"; exit 1 ;;
+    crane) ensure crane github.com/google/go-containerregistry/cmd/crane "$CRANE_VERSION" "${CRO_CRANE:-}" ;;
+    *) log "unknown tool $t (helm, kustomize, crane)"; exit 1 ;;
   esac
 done

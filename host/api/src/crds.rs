@@ -1,9 +1,9 @@
-//! The CustomResourceDefinitions of both kinds, as committed in `crds/`.
+//! The CustomResourceDefinitions of every kind, as committed in `crds/`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{ComposabilityRequest, ComposableResource};
+use crate::{CdiProvider, ComposabilityRequest, ComposableResource};
 
 /// Command that regenerates the committed YAML.
 pub const REGENERATE_COMMAND: &str = "cargo run -p cro-api --bin crdgen";
@@ -21,9 +21,13 @@ pub enum CrdError {
     },
 }
 
-/// Both CRDs, in a fixed order.
+/// All CRDs, in a fixed order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![ComposabilityRequest::crd(), ComposableResource::crd()]
+    vec![
+        ComposabilityRequest::crd(),
+        ComposableResource::crd(),
+        CdiProvider::crd(),
+    ]
 }
 
 /// One generated file of `crds/`.
@@ -77,7 +81,7 @@ mod tests {
     }
 
     #[test]
-    fn both_kinds_are_cluster_scoped_with_status_in_the_group() {
+    fn all_kinds_are_cluster_scoped_with_status_in_the_group() {
         for crd in crds() {
             assert_eq!(crd.spec.group, GROUP);
             assert_eq!(crd.spec.scope, "Cluster");
@@ -93,7 +97,13 @@ mod tests {
                 .iter()
                 .map(|c| c.name.as_str())
                 .collect();
-            assert_eq!(columns.first(), Some(&"State"));
+            // The Go kinds lead with their state; a provider with its readiness.
+            let first = if crd.spec.names.kind == "CdiProvider" {
+                "Ready"
+            } else {
+                "State"
+            };
+            assert_eq!(columns.first(), Some(&first));
             assert_eq!(columns.last(), Some(&"Age"));
             assert_eq!(
                 crd.spec.names.categories.as_deref(),
@@ -169,7 +179,8 @@ mod tests {
             names,
             [
                 "composabilityrequests.cro.hpsys.ibm.ie.com.yaml",
-                "composableresources.cro.hpsys.ibm.ie.com.yaml"
+                "composableresources.cro.hpsys.ibm.ie.com.yaml",
+                "cdiproviders.cro.hpsys.ibm.ie.com.yaml"
             ]
         );
         for f in &files {

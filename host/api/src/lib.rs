@@ -6,6 +6,7 @@
 
 mod crds;
 mod object_ext;
+mod provider;
 mod request;
 mod resource;
 mod resource_type;
@@ -15,6 +16,13 @@ mod well_known;
 
 pub use crds::{CrdError, CrdFile, REGENERATE_COMMAND, crd_files, crds};
 pub use object_ext::CroObjectExt;
+pub use provider::{
+    CDI_PROVIDER_SOURCE_EXACTLY_ONE, CONDITION_DEGRADED, CONDITION_READY, CallCounts,
+    CapabilityReport, CdiProvider, CdiProviderSpec, CdiProviderStatus, ComponentSource,
+    ConfigMapSource, HTTPS_URL_PATTERN, HttpGrant, HttpsSource, LookupGrant,
+    OCI_DIGEST_REFERENCE_PATTERN, OciSource, ProviderDescription, ProviderGrants, ProviderLimits,
+    SHA256_HEX_PATTERN, SecretGrant, SecretReference, SourceKind, WasiGrant, reasons,
+};
 pub use request::{
     AllocationPolicy, ComposabilityRequest, ComposabilityRequestSpec, ComposabilityRequestStatus,
     NodeSpec, ScalarResourceDetails, ScalarResourceStatus,

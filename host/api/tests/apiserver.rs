@@ -464,3 +464,204 @@ async fn kubectl_get_shows_state_type_model_size_node_and_age() {
         .await
         .unwrap();
 }
+
+fn provider_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        cro_api::GROUP,
+        cro_api::VERSION,
+        "CdiProvider",
+    ))
+}
+
+/// A complete, valid `CdiProvider` pulling its component from a registry by digest.
+fn provider_manifest(name: &str) -> Value {
+    json!({
+        "apiVersion": cro_api::API_VERSION,
+        "kind": "CdiProvider",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"oci": {
+                "reference": format!("registry.example:5000/cro/fti-provider:1.0@sha256:{}", "a".repeat(64)),
+                "pullSecret": {"name": "pull", "namespace": "cro-system"}
+            }},
+            "config": {"api_type": "FM", "endpoint": "https://fm.example:8443/"},
+            "grants": {
+                "http": [{"url": "https://fm.example:8443"}],
+                "secret": {"namespace": "cro-system", "name": "credentials", "keys": ["username", "password"]},
+                "lookup": [{"api_version": "v1", "kind": "Node"}],
+                "wasi": {"clocks": true}
+            },
+            "limits": {"call_timeout_ms": 30000, "max_concurrent_calls": 8},
+            "nodeSelector": {"matchLabels": {"fabric": "fti-a"}},
+            "default": true
+        }
+    })
+}
+
+async fn create_provider(
+    client: &kube::Client,
+    manifest: &Value,
+) -> Result<DynamicObject, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &provider_resource());
+    let obj: DynamicObject = serde_json::from_value(manifest.clone()).unwrap();
+    api.create(&PostParams::default(), &obj).await
+}
+
+#[tokio::test]
+async fn a_valid_cdi_provider_is_stored_unchanged_and_reads_back_typed() {
+    let client = client().await;
+    let manifest = provider_manifest("valid-provider");
+    let created = create_provider(&client, &manifest).await.unwrap();
+    assert_eq!(
+        created.data["spec"], manifest["spec"],
+        "the API server changed or pruned the spec"
+    );
+    let typed: Api<cro_api::CdiProvider> = Api::all(client.clone());
+    let p = typed.get("valid-provider").await.unwrap();
+    assert!(p.spec.default);
+    assert!(matches!(
+        p.spec.source.kind(),
+        Some(cro_api::SourceKind::Oci(o)) if o.pull_secret.as_ref().map(|s| s.name.as_str()) == Some("pull")
+    ));
+    assert_eq!(p.spec.limits.max_concurrent_calls, Some(8));
+
+    // The other two sources are accepted too.
+    for (name, source) in [
+        (
+            "https-provider",
+            json!({"https": {"url": "https://dl.example/fti.wasm", "sha256": "0".repeat(64)}}),
+        ),
+        (
+            "configmap-provider",
+            json!({"configMap": {"name": "fti", "namespace": "cro-system", "key": "fti.wasm"}}),
+        ),
+    ] {
+        let mut m = provider_manifest(name);
+        m["spec"]["source"] = source;
+        create_provider(&client, &m)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        typed.delete(name, &Default::default()).await.unwrap();
+    }
+
+    // kubectl get shows readiness, default, contract and version.
+    let table = table(&client, "cdiproviders", "valid-provider").await;
+    let columns = column_names(&table);
+    for wanted in ["Name", "Ready", "Default", "Contract", "Version", "Age"] {
+        assert!(
+            columns.iter().any(|c| c == wanted),
+            "{wanted} in {columns:?}"
+        );
+    }
+    typed
+        .delete("valid-provider", &Default::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_schema_refuses_invalid_cdi_providers() {
+    let client = client().await;
+    let digest = "b".repeat(64);
+    let cases: Vec<(&str, Value, String)> = vec![
+        (
+            "no-source",
+            json!({}),
+            cro_api::CDI_PROVIDER_SOURCE_EXACTLY_ONE.to_owned(),
+        ),
+        (
+            "two-sources",
+            json!({
+                "https": {"url": "https://dl.example/fti.wasm", "sha256": digest},
+                "configMap": {"name": "fti", "namespace": "cro-system", "key": "fti.wasm"}
+            }),
+            cro_api::CDI_PROVIDER_SOURCE_EXACTLY_ONE.to_owned(),
+        ),
+        (
+            "short-sha",
+            json!({"https": {"url": "https://dl.example/fti.wasm", "sha256": "abc"}}),
+            "spec.source.https.sha256: Invalid value: \"abc\"".to_owned(),
+        ),
+        (
+            "upper-sha",
+            json!({"https": {"url": "https://dl.example/fti.wasm", "sha256": "A".repeat(64)}}),
+            "spec.source.https.sha256: Invalid value".to_owned(),
+        ),
+        (
+            "plain-http",
+            json!({"https": {"url": "http://dl.example/fti.wasm", "sha256": digest}}),
+            "spec.source.https.url: Invalid value: \"http://dl.example/fti.wasm\"".to_owned(),
+        ),
+        (
+            "oci-by-tag",
+            json!({"oci": {"reference": "registry.example/cro/fti:1.0"}}),
+            "spec.source.oci.reference: Invalid value: \"registry.example/cro/fti:1.0\"".to_owned(),
+        ),
+        (
+            "oci-short-digest",
+            json!({"oci": {"reference": "registry.example/cro/fti@sha256:1234"}}),
+            "spec.source.oci.reference: Invalid value".to_owned(),
+        ),
+        (
+            "pull-secret-no-namespace",
+            json!({"oci": {"reference": format!("registry.example/cro/fti@sha256:{digest}"),
+                   "pullSecret": {"name": "pull"}}}),
+            "spec.source.oci.pullSecret.namespace: Required value".to_owned(),
+        ),
+        (
+            "configmap-no-key",
+            json!({"configMap": {"name": "fti", "namespace": "cro-system"}}),
+            "spec.source.configMap.key: Required value".to_owned(),
+        ),
+    ];
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &provider_resource());
+    for (name, source, expected) in cases {
+        let mut manifest = provider_manifest(name);
+        manifest["spec"]["source"] = source;
+        match create_provider(&client, &manifest).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{name}: {status:?}");
+                assert!(
+                    status.message.contains(&expected),
+                    "{name}: {:?} lacks {expected:?}",
+                    status.message
+                );
+            }
+            other => panic!("{name}: expected a 422 refusal, got {other:?}"),
+        }
+        assert!(
+            api.get_opt(name).await.unwrap().is_none(),
+            "{name} was stored"
+        );
+    }
+
+    // Grants and limits are checked like a spec file's fields.
+    let mut manifest = provider_manifest("bad-grant");
+    manifest["spec"]["grants"]["secret"]["keys"] = json!([]);
+    manifest["spec"]["limits"]["max_concurrent_calls"] = json!(0);
+    let err = create_provider(&client, &manifest).await.unwrap_err();
+    let kube::Error::Api(status) = &err else {
+        panic!("{err:?}")
+    };
+    for expected in [
+        "spec.grants.secret.keys: Invalid value",
+        "spec.limits.max_concurrent_calls: Invalid value: 0",
+    ] {
+        assert!(
+            status.message.contains(expected),
+            "{:?} lacks {expected:?}",
+            status.message
+        );
+    }
+    let mut manifest = provider_manifest("unknown-grant");
+    manifest["spec"]["grants"]["files"] = json!(["/etc"]);
+    let err = create_provider(&client, &manifest).await;
+    // Unknown fields are pruned by a structural schema, never granted: the stored object
+    // has no `files`.
+    if let Ok(created) = err {
+        assert!(created.data["spec"]["grants"].get("files").is_none());
+        api.delete("unknown-grant", &Default::default())
+            .await
+            .unwrap();
+    }
+}

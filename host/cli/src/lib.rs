@@ -142,7 +142,7 @@ pub fn error_report(e: &anyhow::Error) -> String {
     out
 }
 
-/// Both CRDs as one multi-document YAML stream, the same text as the files in `crds/`.
+/// All CRDs as one multi-document YAML stream, the same text as the files in `crds/`.
 pub fn crds_yaml() -> anyhow::Result<String> {
     let files = cro_api::crd_files().context("cannot render the CRDs")?;
     Ok(files

@@ -34,7 +34,7 @@ fn crds_prints_the_committed_manifests() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 2);
+    assert_eq!(files.len(), 3);
     for file in files {
         let committed = std::fs::read_to_string(&file).unwrap();
         assert!(
@@ -43,7 +43,7 @@ fn crds_prints_the_committed_manifests() {
             file.display()
         );
     }
-    assert_eq!(stdout.matches("kind: CustomResourceDefinition").count(), 2);
+    assert_eq!(stdout.matches("kind: CustomResourceDefinition").count(), 3);
 }
 
 #[test]

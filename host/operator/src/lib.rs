@@ -46,6 +46,7 @@ pub mod request;
 pub mod resource;
 pub mod run;
 pub mod serve;
+pub mod source;
 pub mod startup;
 pub mod sync;
 pub mod text;

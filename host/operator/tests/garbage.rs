@@ -2,6 +2,8 @@
 //! (CXL memory is left alone).
 
 mod common;
+// Component sources (registry, ConfigMap, pull Secrets) share this binary's link.
+mod sources;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

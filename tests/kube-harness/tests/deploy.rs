@@ -361,7 +361,7 @@ fn chart_crds_are_the_generated_ones() {
         .map(|e| e.unwrap().file_name())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 2);
+    assert_eq!(names.len(), 3);
     for name in names {
         let ours = std::fs::read_to_string(repo.join(&name)).unwrap();
         let chart = std::fs::read_to_string(chart().join("crds").join(&name))
@@ -439,7 +439,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         .into_iter()
         .filter(|m| m.kind == "CustomResourceDefinition")
         .collect();
-    assert_eq!(crds.len(), 2);
+    assert_eq!(crds.len(), 3); // ComposabilityRequest, ComposableResource, CdiProvider
     manifests::apply(&client, &crds, false).await.unwrap();
     create_namespace(&client, "gpu-operator").await;
     for (name, namespace, yaml) in value_sets() {
