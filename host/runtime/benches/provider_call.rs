@@ -133,6 +133,7 @@ fn gpu(name: &str) -> ComposableResource {
         target_node: NODE.into(),
         device_id: None,
         fabric_device_id: None,
+        machine_id: None,
         force_detach: false,
     }
 }
@@ -145,6 +146,7 @@ fn native_gpu(r: &ComposableResource) -> fti_provider::ComposableResource {
         target_node: r.target_node.clone(),
         device_id: r.device_id.clone(),
         fabric_device_id: r.fabric_device_id.clone(),
+        machine_id: r.machine_id.clone(),
         force_detach: r.force_detach,
     }
 }
@@ -231,9 +233,11 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
         .block_on(wasm.add_resource(&gpu("held")))
         .expect("attach")
     {
+        // As the operator records it: later calls name the machine, no node lookup.
         cro_runtime::AddOutcome::Attached(d) => ComposableResource {
             device_id: Some(d.device_id),
             fabric_device_id: Some(d.fabric_device_id),
+            machine_id: d.machine_id,
             ..gpu("held")
         },
         other => panic!("attach did not finish: {other:?}"),

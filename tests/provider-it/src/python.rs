@@ -151,6 +151,7 @@ impl PyFixture {
             target_node: node.into(),
             device_id: None,
             fabric_device_id: None,
+            machine_id: None,
             force_detach: false,
         }
     }

@@ -197,7 +197,7 @@ async fn propagate_force_detach(
 ) -> Result<(), ReconcileError> {
     let want = req.spec.resource.force_detach;
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    for r in resources_of(ctx, &req.name_any()).await? {
+    for r in resources_of(ctx, req).await? {
         if r.spec.force_detach == want || (!want && r.is_being_deleted()) {
             continue;
         }
