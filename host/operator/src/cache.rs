@@ -179,6 +179,26 @@ impl Caches {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
+    /// Every ComposableResource, as claims for a provider: from the cache once it has
+    /// [`Caches::caught_up`] with `me` (so it holds every device id this process stored,
+    /// under the node lock the caller holds), else listed from the API server. Read on
+    /// every attach, so a full list each time would make attaching N devices cost N².
+    pub async fn all_resources(
+        &self,
+        client: &kube::Client,
+        me: &ComposableResource,
+    ) -> Result<Vec<ComposableResource>, kube::Error> {
+        if self
+            .caught_up(me.metadata.resource_version.as_deref())
+            .await
+            && let Some(cached) = self.resources()
+        {
+            return Ok(cached.iter().map(|r| r.as_ref().clone()).collect());
+        }
+        let api: Api<ComposableResource> = Api::all(client.clone());
+        Ok(api.list(&ListParams::default()).await?.items)
+    }
+
     /// A ComposableResource matching `pred` (another holder of a device), if any. A
     /// wrong "none" could give one device to two resources or detach a device another
     /// holds, so the cache answers only once [`Caches::caught_up`] with `me` (the

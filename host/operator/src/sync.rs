@@ -127,10 +127,13 @@ pub async fn sync_once(
     tracker: &mut OrphanTracker,
 ) -> Result<usize, ReconcileError> {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    // The claims tell a 0.2.0 provider which devices the cluster holds. The resources
-    // are listed again after the fabric answered, so a device attached meanwhile is
+    // The claims tell a 0.2.0 provider which devices the cluster holds (the watch cache
+    // is enough for that). The resources are listed after the fabric answered, so a device attached meanwhile is
     // compared with a list that already holds it, never taken for an orphan.
-    let before = api.list(&ListParams::default()).await?.items;
+    let before = match ctx.caches.resources() {
+        Some(cached) => cached.iter().map(|r| r.as_ref().clone()).collect(),
+        None => api.list(&ListParams::default()).await?.items,
+    };
     let mut reported = ctx
         .provider
         .list_claimed(&crate::provider::claims(&before))

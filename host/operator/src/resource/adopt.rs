@@ -30,7 +30,7 @@ use cro_runtime::domain::{
     self, AddOutcome, AttachedDevice, DeviceInfo, DeviceType, ProviderError,
 };
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch};
+use kube::api::{Api, Patch};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -180,10 +180,8 @@ pub async fn add(
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
     let attempt = recorded(res);
-    let resources =
-        || async { Ok::<_, ReconcileError>(api.list(&ListParams::default()).await?.items) };
     // What the cluster holds, for the provider to tell its device from another's.
-    let held = resources().await?;
+    let held = ctx.caches.all_resources(&ctx.client, res).await?;
     if must_look_first(attempt.as_ref(), &PROCESS) {
         let devices = ctx
             .provider

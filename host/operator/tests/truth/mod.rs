@@ -326,9 +326,10 @@ async fn deleting_the_node_releases_its_devices_on_the_fabric() {
     env.wait_running("pair", 2).await;
     for r in env.resources_of("pair").await {
         let recorded = r.annotations().get(ANNOTATION_NODE_MACHINE).cloned();
+        // What the Node said, and the fabric machine the provider reported at attach.
         assert_eq!(
             recorded.as_deref(),
-            Some(format!(r#"{{"providerID":"fsas-cdi://{m1}"}}"#).as_str())
+            Some(format!(r#"{{"providerID":"fsas-cdi://{m1}","fabricMachine":"{m1}"}}"#).as_str())
         );
     }
     // The node cannot run commands, the fabric refuses detaches for now: stuck.

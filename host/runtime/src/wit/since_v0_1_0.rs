@@ -24,7 +24,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-use cro::provider::types as wit;
+use self::cro::provider::types as wit;
 
 /// The version's own interfaces (its types) in the linker; the capability imports are
 /// added once for all versions by `crate::call`.

@@ -23,7 +23,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-use cro::provider0_2_0::types as wit;
+use self::cro::provider0_2_0::types as wit;
 
 /// The version's own interfaces (its types) in the linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
