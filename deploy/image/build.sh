@@ -88,12 +88,25 @@ if ((check)); then
   [[ "$files" == "./cro ./opt/cro/providers/fti_provider.wasm " ]] || fail "unexpected files in the image: $files"
   bytes=$(( $(stat -c %s "$mnt/cro") + $(stat -c %s "$mnt/opt/cro/providers/fti_provider.wasm") ))
   ((bytes < max)) || fail "image content is $bytes bytes (limit $max)"
+  # A container runtime gives every container a /dev; a bare chroot has none. Loading a
+  # 0.2.0 component instantiates it (describe()), and its WASI context seeds random
+  # numbers from the kernel, through /dev/random and /dev/urandom where the static
+  # binary's getrandom falls back to them. So the check provides those two devices, as a
+  # runtime would.
+  devs=(random urandom)
+  mkdir -p "$mnt/dev" || fail "cannot make /dev in the image's root for the check"
+  for d in "${devs[@]}"; do
+    touch "$mnt/dev/$d" && mount --bind "/dev/$d" "$mnt/dev/$d" \
+      || fail "cannot provide /dev/$d to the image's root for the check"
+  done
+  trap 'for d in "${devs[@]}"; do umount "$mnt/dev/$d" 2>/dev/null || true; done; bah rm "$mnt_ctr" >/dev/null 2>&1 || true; rm -rf "$ctx"' EXIT
   # Alone in the image's root (no libc, no /etc), as the non-root user: the binary runs,
   # and the component there is one this binary can load.
   out="$(chroot --userspec=65532:65532 "$mnt" /cro --version)" || fail "/cro --version in the image"
   [[ "$out" == "cro $version" ]] || fail "version: $out"
   chroot --userspec=65532:65532 "$mnt" /cro provider inspect /opt/cro/providers/fti_provider.wasm >/dev/null \
     || fail "the FTI component in the image cannot be loaded by its binary"
+  for d in "${devs[@]}"; do umount "$mnt/dev/$d"; done
   bah umount "$mnt_ctr" >/dev/null
   log "checked: entrypoint /cro run, user 65532, labels, files, $bytes bytes of content"
 fi
