@@ -117,24 +117,7 @@ async fn let_go(res: ComposableResource, ctx: &Context) -> Outcome {
         "target node {node} not found and no machine recorded for it: device {} may stay attached on the fabric",
         res.device_id().unwrap_or("?")
     );
-    if let Some(dra) = &ctx.dra {
-        dra.untaint(&ctx.client, &res.name_any()).await?;
-    }
-    let res = patch::status(
-        &api,
-        &res,
-        &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
-        false,
-    )
-    .await?;
-    ctx.event(
-        &res.object_ref(&()),
-        EventType::Warning,
-        "NodeGone",
-        "Detach",
-        &message,
-    )
-    .await;
+    let res = super::mark_node_gone(ctx, &api, res, &message, "Detach").await?;
     patch::remove_finalizer(&api, &res).await?;
     Ok((Step::wait(), None))
 }

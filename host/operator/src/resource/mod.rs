@@ -203,24 +203,7 @@ async fn collect_garbage(res: ComposableResource, ctx: &Context) -> Outcome {
         return Ok((Step::wait().with_error(message), Some(res)));
     }
     let message = format!("target node {node} not found");
-    if let Some(dra) = &ctx.dra {
-        dra.untaint(&ctx.client, &res.name_any()).await?;
-    }
-    let res = patch::status(
-        &api,
-        &res,
-        &ResourceStatusPatch::state(ResourceState::Deleting).with_error(&message),
-        false,
-    )
-    .await?;
-    ctx.event(
-        &res.object_ref(&()),
-        EventType::Warning,
-        "NodeGone",
-        "GarbageCollect",
-        &message,
-    )
-    .await;
+    let res = mark_node_gone(ctx, &api, res, &message, "GarbageCollect").await?;
     patch::delete(&api, &res.name_any()).await?;
     Ok((Step::wait(), None))
 }
@@ -256,4 +239,35 @@ pub fn controller(
                 tracing::debug!(controller = CONTROLLER, error = %e, "reconcile did not finish");
             }
         })
+}
+
+/// A resource whose Node is gone: its DRA taint lifted, `Deleting` with `message` as its
+/// error, and a `NodeGone` Warning Event (`action`: what the operator does about it).
+/// Shared by garbage collection and by a detach that has no machine to go to.
+pub(super) async fn mark_node_gone(
+    ctx: &Context,
+    api: &Api<ComposableResource>,
+    res: ComposableResource,
+    message: &str,
+    action: &str,
+) -> Result<ComposableResource, ReconcileError> {
+    if let Some(dra) = &ctx.dra {
+        dra.untaint(&ctx.client, &res.name_any()).await?;
+    }
+    let res = patch::status(
+        api,
+        &res,
+        &ResourceStatusPatch::state(ResourceState::Deleting).with_error(message),
+        false,
+    )
+    .await?;
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Warning,
+        "NodeGone",
+        action,
+        message,
+    )
+    .await;
+    Ok(res)
 }
