@@ -267,26 +267,7 @@ fn trapping_v0_2_0() -> Vec<u8> {
         unreachable)
       (func (export "cro:provider/cdi-provider@0.2.0#get-resources") (param i32 i32) (result i32)
         unreachable))"#;
-    let mut module = wat::parse_str(wat).unwrap();
-    let wit = cro_test_support::workspace_root().join("wit/since_v0.2.0");
-    let mut resolve = wit_parser::Resolve::default();
-    let (package, _) = resolve.push_dir(&wit).unwrap();
-    let world = resolve
-        .select_world(&[package], Some("provider-world"))
-        .unwrap();
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-    )
-    .unwrap();
-    wit_component::ComponentEncoder::default()
-        .module(&module)
-        .unwrap()
-        .validate(true)
-        .encode()
-        .unwrap()
+    common::provider_component(wat, "since_v0.2.0")
 }
 
 #[tokio::test]

@@ -209,8 +209,16 @@ pub fn memory_hog(memories: usize, spin: u64) -> Vec<u8> {
           (func (export "cro:provider/provider@0.1.0#get-resources") (result i32)
             call $hog unreachable))"#
     );
-    let mut module = wat::parse_str(&wat).unwrap();
-    let wit = cro_test_support::workspace_root().join("wit/since_v0.1.0");
+    provider_component(&wat, "since_v0.1.0")
+}
+
+/// A hand-written core module (`wat`) made into a component of the `provider-world` of
+/// the contract in `wit/<version_dir>`.
+pub fn provider_component(wat: &str, version_dir: &str) -> Vec<u8> {
+    let mut module = wat::parse_str(wat).unwrap();
+    let wit = cro_test_support::workspace_root()
+        .join("wit")
+        .join(version_dir);
     let mut resolve = wit_parser::Resolve::default();
     let (package, _) = resolve.push_dir(&wit).unwrap();
     let world = resolve
