@@ -7,6 +7,11 @@
 //!
 //! Each capability module owns its grant type and the check of it; the gate asks them,
 //! so every decision still goes through here.
+//!
+//! A [`CapabilityObserver`] (optional, given at load) is told of every HTTP request,
+//! Secret read and lookup a call made, allowed or not, and of every call's end with what
+//! it cost: `cro provider call` prints it as a trace and `cro provider test` checks it
+//! against what the provider declared. Without one nothing is built or recorded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -67,11 +72,67 @@ impl DenialCounts {
     }
 }
 
+/// Which host capability a [`CapabilityUse`] was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapabilityKind {
+    Http,
+    Secret,
+    Lookup,
+}
+
+/// How a capability use ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UseOutcome {
+    /// The gate allowed it and the host answered: an HTTP status (HTTP only) and the
+    /// bytes handed back to the guest.
+    Allowed { status: Option<u16>, bytes: u64 },
+    /// Allowed, but it failed (connection refused, not found, timeout, ...).
+    Failed(String),
+    /// The gate refused it; the text names the missing grant.
+    Denied(String),
+}
+
+/// One capability use of a call, as the observer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapabilityUse {
+    pub capability: CapabilityKind,
+    /// `METHOD URL` for HTTP, the key for a Secret, `apiVersion Kind [namespace/]name`
+    /// for a lookup.
+    pub target: String,
+    pub outcome: UseOutcome,
+    /// Wall time the host spent on it.
+    pub duration: std::time::Duration,
+}
+
+impl CapabilityUse {
+    pub fn denied(&self) -> bool {
+        matches!(self.outcome, UseOutcome::Denied(_))
+    }
+}
+
+/// What one provider call cost the host, when it ended (whatever the outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallStats {
+    /// Instantiation plus the call.
+    pub duration: std::time::Duration,
+    /// The largest memory (all linear memories and tables) the instance held.
+    pub peak_memory_bytes: u64,
+}
+
+/// Told of every capability use and call end of one provider (see the module docs).
+/// Called on the call's task: keep it quick and never block.
+pub trait CapabilityObserver: Send + Sync + 'static {
+    fn capability_used(&self, event: CapabilityUse);
+    fn call_finished(&self, _stats: CallStats) {}
+}
+
 /// Decides every capability of one provider against its grants.
-#[derive(Debug)]
 pub struct Gate {
     provider: String,
     grants: Arc<Grants>,
+    observer: Option<Arc<dyn CapabilityObserver>>,
     http: AtomicU64,
     secret: AtomicU64,
     lookup: AtomicU64,
@@ -83,6 +144,7 @@ impl Gate {
         Gate {
             provider: provider.into(),
             grants,
+            observer: None,
             http: AtomicU64::new(0),
             secret: AtomicU64::new(0),
             lookup: AtomicU64::new(0),
@@ -91,6 +153,40 @@ impl Gate {
                 u64::MAX,
                 Instant::now(),
             )),
+        }
+    }
+
+    /// Tells `observer` of every capability use and call end from now on.
+    pub fn with_observer(mut self, observer: Arc<dyn CapabilityObserver>) -> Gate {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Starts timing a capability use when someone observes; `None` costs nothing more.
+    pub(crate) fn start(&self) -> Option<Instant> {
+        self.observer.as_ref().map(|_| Instant::now())
+    }
+
+    /// Reports a use started with [`Gate::start`]; `event` is only built when observed.
+    pub(crate) fn used(
+        &self,
+        started: Option<Instant>,
+        event: impl FnOnce() -> (CapabilityKind, String, UseOutcome),
+    ) {
+        if let (Some(observer), Some(started)) = (&self.observer, started) {
+            let (capability, target, outcome) = event();
+            observer.capability_used(CapabilityUse {
+                capability,
+                target,
+                outcome,
+                duration: started.elapsed(),
+            });
+        }
+    }
+
+    pub(crate) fn call_finished(&self, stats: impl FnOnce() -> CallStats) {
+        if let Some(observer) = &self.observer {
+            observer.call_finished(stats());
         }
     }
 
@@ -198,6 +294,17 @@ impl Gate {
             secret: self.secret.load(Ordering::Relaxed),
             lookup: self.lookup.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("provider", &self.provider)
+            .field("grants", &self.grants)
+            .field("observed", &self.observer.is_some())
+            .field("denials", &self.denials())
+            .finish_non_exhaustive()
     }
 }
 

@@ -23,7 +23,7 @@ use crate::domain::{
     ProviderError, ProviderInfo, RemoveOutcome,
 };
 use crate::engine::EngineShared;
-use crate::gate::DenialCounts;
+use crate::gate::{CallStats, DenialCounts};
 use crate::grants::ProviderSpec;
 use crate::report::CapabilityReport;
 use crate::wit::{ProviderInstance, ProviderPre, Version};
@@ -316,7 +316,8 @@ impl Provider {
 
         let limits = &inner.spec.limits;
         let timeout = limits.call_timeout();
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         let output = inner.runtime.options.guest_output_bytes;
         let (stdout, stderr) = (TailCapture::new(output), TailCapture::new(output));
         let wasi = wasi::context(
@@ -358,6 +359,11 @@ impl Provider {
         )
         .await;
         let memory_refused = store.data().limiter.refused();
+        let peak_memory_bytes = store.data().limiter.used() as u64;
+        caps.gate.call_finished(|| CallStats {
+            duration: started.elapsed(),
+            peak_memory_bytes,
+        });
         // The instance goes with the store, whatever happened.
         drop(store);
         self.log_output(&stdout, &stderr);

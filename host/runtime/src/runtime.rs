@@ -22,7 +22,7 @@ use crate::caps::state::StateStore;
 use crate::cluster::ClusterReader;
 use crate::domain::ProviderInfo;
 use crate::engine::{EngineError, EngineShared, RuntimeOptions};
-use crate::gate::Gate;
+use crate::gate::{CapabilityObserver, Gate};
 use crate::grants::{GrantError, ProviderSpec};
 use crate::inspect::{self, ComponentInfo, InspectError, SUPPORTED_VERSIONS};
 use crate::provider::{Provider, ProviderInner};
@@ -175,7 +175,21 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
-        self.load_logged(spec, bytes, cluster, true).await
+        self.load_logged(spec, bytes, cluster, true, None).await
+    }
+
+    /// Like [`Runtime::load_bytes`], telling `observer` of every capability the
+    /// provider's calls use and of every call's cost (`describe` at load is not
+    /// observed). For tools (`cro provider call`/`test`); the operator loads without.
+    pub async fn load_observed(
+        &self,
+        spec: &ProviderSpec,
+        bytes: Vec<u8>,
+        cluster: Arc<dyn ClusterReader>,
+        observer: Arc<dyn CapabilityObserver>,
+    ) -> Result<Provider, LoadError> {
+        self.load_logged(spec, bytes, cluster, true, Some(observer))
+            .await
     }
 
     /// Loads; `log` says whether the load and its capability report are logged (not
@@ -186,6 +200,7 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
         log: bool,
+        observer: Option<Arc<dyn CapabilityObserver>>,
     ) -> Result<Provider, LoadError> {
         spec.validate()?;
         let engine = &self.inner.shared;
@@ -225,11 +240,11 @@ impl Runtime {
             })?;
         let pre =
             ProviderPre::new(version, pre).map_err(|e| LoadError::Incompatible(error_chain(&e)))?;
-        let caps = self.capabilities(spec, cluster.clone())?;
+        let caps = self.capabilities(spec, cluster.clone(), observer)?;
         // `describe` runs with nothing granted and no configuration: what a provider
         // is must not depend on what it was given.
         let bare = ProviderSpec::new(spec.name.clone(), spec.component.clone());
-        let bare_caps = self.capabilities(&bare, cluster)?;
+        let bare_caps = self.capabilities(&bare, cluster, None)?;
         let provider = Provider::new(ProviderInner::new(
             engine.clone(),
             spec.clone(),
@@ -253,7 +268,7 @@ impl Runtime {
     pub async fn describe_bytes(&self, bytes: Vec<u8>) -> Result<Option<ProviderInfo>, LoadError> {
         let spec = ProviderSpec::new("inspect", "component.wasm");
         let cluster = Arc::new(crate::cluster::StaticCluster::new());
-        let provider = self.load_logged(&spec, bytes, cluster, false).await?;
+        let provider = self.load_logged(&spec, bytes, cluster, false, None).await?;
         Ok(provider.info().cloned())
     }
 
@@ -262,9 +277,14 @@ impl Runtime {
         &self,
         spec: &ProviderSpec,
         cluster: Arc<dyn ClusterReader>,
+        observer: Option<Arc<dyn CapabilityObserver>>,
     ) -> Result<ProviderCaps, LoadError> {
         let limits = &spec.limits;
-        let gate = Arc::new(Gate::new(spec.name.clone(), Arc::new(spec.grants.clone())));
+        let mut gate = Gate::new(spec.name.clone(), Arc::new(spec.grants.clone()));
+        if let Some(observer) = observer {
+            gate = gate.with_observer(observer);
+        }
+        let gate = Arc::new(gate);
         let budgets = Arc::new(BudgetCounters::default());
         let egress = HttpEgress::new(&spec.grants.http, gate.clone(), limits.max_response_bytes)
             .map_err(LoadError::Http)?;

@@ -46,8 +46,8 @@ impl MemoryLimiter {
         self.refused
     }
 
-    /// Bytes of memories and tables the call holds now.
-    #[cfg(test)]
+    /// Bytes of memories and tables the call holds now (memories never shrink, so at
+    /// the call's end this is its peak).
     pub(crate) fn used(&self) -> usize {
         self.used
     }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::base::until_deadline;
-use crate::gate::Gate;
+use crate::gate::{CapabilityKind, Gate, UseOutcome};
 use crate::wit::imports::http as wit;
 
 /// The provider's side: its client and its gate.
@@ -40,12 +40,50 @@ impl wit::Host for HttpCall {
     ) -> wasmtime::Result<Result<wit::Response, wit::HttpError>> {
         let shared = self.shared.clone();
         let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let started = shared.gate.start();
+        // Only kept when observed: the URL is moved into the request.
+        let target = started.map(|_| format!("{} {}", method_name(request.method), request.url));
         let sent = until_deadline(
             self.deadline,
             shared.egress.send(&shared.gate, request, remaining),
         )
-        .await?;
-        sent.map_err(wasmtime::Error::new)
+        .await;
+        shared.gate.used(started, || {
+            let outcome = match &sent {
+                Ok(Ok(Ok(r))) => UseOutcome::Allowed {
+                    status: Some(r.status),
+                    bytes: r.body.len() as u64,
+                },
+                Ok(Ok(Err(wit::HttpError::Denied(why)))) => UseOutcome::Denied(why.clone()),
+                Ok(Ok(Err(e))) => UseOutcome::Failed(http_error_text(e)),
+                Ok(Err(_)) | Err(_) => UseOutcome::Failed("the call's deadline passed".into()),
+            };
+            (CapabilityKind::Http, target.unwrap_or_default(), outcome)
+        });
+        sent?.map_err(wasmtime::Error::new)
+    }
+}
+
+fn method_name(m: wit::Method) -> &'static str {
+    match m {
+        wit::Method::Get => "GET",
+        wit::Method::Head => "HEAD",
+        wit::Method::Post => "POST",
+        wit::Method::Put => "PUT",
+        wit::Method::Patch => "PATCH",
+        wit::Method::Delete => "DELETE",
+    }
+}
+
+fn http_error_text(e: &wit::HttpError) -> String {
+    match e {
+        wit::HttpError::Denied(m) => format!("denied: {m}"),
+        wit::HttpError::InvalidRequest(m) => format!("invalid request: {m}"),
+        wit::HttpError::Timeout => "timeout".into(),
+        wit::HttpError::Connect(m) => format!("connect: {m}"),
+        wit::HttpError::Tls(m) => format!("tls: {m}"),
+        wit::HttpError::TooLarge(n) => format!("reply larger than {n} bytes"),
+        wit::HttpError::Other(m) => m.clone(),
     }
 }
 

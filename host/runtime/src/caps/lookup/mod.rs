@@ -13,7 +13,7 @@ use wasmtime::component::{HasSelf, Linker};
 use super::reads::CallReads;
 use crate::base::until_deadline;
 use crate::cluster::{ClusterError, ClusterReader};
-use crate::gate::{Capability, Gate};
+use crate::gate::{Capability, CapabilityKind, Gate, UseOutcome};
 use crate::wit::imports::lookup as wit;
 
 /// The provider's side.
@@ -66,11 +66,85 @@ fn json_text(v: &serde_json::Value) -> Result<String, wit::LookupError> {
     serde_json::to_string(v).map_err(|e| wit::LookupError::Other(e.to_string()))
 }
 
+/// Tells the gate's observer (if any) how a lookup ended.
+fn observed<T>(
+    gate: &Gate,
+    started: Option<Instant>,
+    target: impl FnOnce() -> String,
+    result: &wasmtime::Result<Result<T, wit::LookupError>>,
+    bytes: impl FnOnce(&T) -> u64,
+) {
+    gate.used(started, || {
+        let outcome = match result {
+            Ok(Ok(v)) => UseOutcome::Allowed {
+                status: None,
+                bytes: bytes(v),
+            },
+            Ok(Err(wit::LookupError::Denied(why))) => UseOutcome::Denied(why.clone()),
+            Ok(Err(wit::LookupError::NotFound(why))) => {
+                UseOutcome::Failed(format!("not found: {why}"))
+            }
+            Ok(Err(wit::LookupError::Other(why))) => UseOutcome::Failed(why.clone()),
+            Err(e) => UseOutcome::Failed(e.to_string()),
+        };
+        (CapabilityKind::Lookup, target(), outcome)
+    });
+}
+
 impl wit::Host for LookupCall {
     async fn get_node(
         &mut self,
         name: String,
     ) -> wasmtime::Result<Result<String, wit::LookupError>> {
+        let gate = self.shared.gate.clone();
+        let started = gate.start();
+        let target = || format!("v1 Node {name}");
+        let result = self.get_node_inner(&name).await;
+        observed(&gate, started, target, &result, |v| v.len() as u64);
+        result
+    }
+
+    async fn list_nodes(&mut self) -> wasmtime::Result<Result<Vec<String>, wit::LookupError>> {
+        let gate = self.shared.gate.clone();
+        let started = gate.start();
+        let result = self.list_nodes_inner().await;
+        observed(
+            &gate,
+            started,
+            || "v1 Node (list)".into(),
+            &result,
+            |v| v.iter().map(|n| n.len() as u64).sum(),
+        );
+        result
+    }
+
+    async fn get_object(
+        &mut self,
+        api_version: String,
+        kind: String,
+        namespace: Option<String>,
+        name: String,
+    ) -> wasmtime::Result<Result<String, wit::LookupError>> {
+        let gate = self.shared.gate.clone();
+        let started = gate.start();
+        let result = self
+            .get_object_inner(&api_version, &kind, namespace.as_deref(), &name)
+            .await;
+        let target = || match &namespace {
+            Some(ns) => format!("{api_version} {kind} {ns}/{name}"),
+            None => format!("{api_version} {kind} {name}"),
+        };
+        observed(&gate, started, target, &result, |v| v.len() as u64);
+        result
+    }
+}
+
+impl LookupCall {
+    async fn get_node_inner(
+        &mut self,
+        name: &str,
+    ) -> wasmtime::Result<Result<String, wit::LookupError>> {
+        let name = name.to_string();
         if let Err(e) = self.check("v1", "Node", Some((&name, None))) {
             return Ok(Err(e));
         }
@@ -84,7 +158,9 @@ impl wit::Host for LookupCall {
         Ok(found.map_err(lookup_error).and_then(|v| json_text(&v)))
     }
 
-    async fn list_nodes(&mut self) -> wasmtime::Result<Result<Vec<String>, wit::LookupError>> {
+    async fn list_nodes_inner(
+        &mut self,
+    ) -> wasmtime::Result<Result<Vec<String>, wit::LookupError>> {
         if let Err(e) = self.check("v1", "Node", None) {
             return Ok(Err(e));
         }
@@ -97,14 +173,14 @@ impl wit::Host for LookupCall {
             .and_then(|nodes| nodes.iter().map(json_text).collect()))
     }
 
-    async fn get_object(
+    async fn get_object_inner(
         &mut self,
-        api_version: String,
-        kind: String,
-        namespace: Option<String>,
-        name: String,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
     ) -> wasmtime::Result<Result<String, wit::LookupError>> {
-        if let Err(e) = self.check(&api_version, &kind, Some((&name, namespace.as_deref()))) {
+        if let Err(e) = self.check(api_version, kind, Some((name, namespace))) {
             return Ok(Err(e));
         }
         self.reads.take(self.deadline).await?;
@@ -113,7 +189,7 @@ impl wit::Host for LookupCall {
             self.deadline,
             shared
                 .cluster
-                .get_object(&api_version, &kind, namespace.as_deref(), &name),
+                .get_object(api_version, kind, namespace, name),
         )
         .await?;
         Ok(found.map_err(lookup_error).and_then(|v| json_text(&v)))

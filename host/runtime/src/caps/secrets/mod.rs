@@ -14,7 +14,7 @@ use wasmtime::component::{HasSelf, Linker};
 use super::reads::CallReads;
 use crate::base::{quote, until_deadline};
 use crate::cluster::{ClusterError, ClusterReader};
-use crate::gate::{Capability, Gate};
+use crate::gate::{Capability, CapabilityKind, Gate, UseOutcome};
 use crate::wit::imports::secrets as wit;
 
 /// The provider's side.
@@ -55,6 +55,31 @@ fn secret_error(e: &ClusterError) -> wit::SecretError {
 
 impl wit::Host for SecretsCall {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<String, wit::SecretError>> {
+        let gate = self.shared.gate.clone();
+        let started = gate.start();
+        let got = self.read(&key).await;
+        gate.used(started, || {
+            let outcome = match &got {
+                Ok(Ok(value)) => UseOutcome::Allowed {
+                    status: None,
+                    bytes: value.len() as u64,
+                },
+                Ok(Err(wit::SecretError::Denied(why))) => UseOutcome::Denied(why.clone()),
+                Ok(Err(wit::SecretError::NotFound(why))) => {
+                    UseOutcome::Failed(format!("not found: {why}"))
+                }
+                Ok(Err(wit::SecretError::Other(why))) => UseOutcome::Failed(why.clone()),
+                Err(e) => UseOutcome::Failed(e.to_string()),
+            };
+            (CapabilityKind::Secret, key.clone(), outcome)
+        });
+        got
+    }
+}
+
+impl SecretsCall {
+    async fn read(&mut self, key: &str) -> wasmtime::Result<Result<String, wit::SecretError>> {
+        let key = key.to_string();
         let shared = self.shared.clone();
         if let Err(denial) = shared.gate.check(Capability::SecretKey(&key)) {
             return Ok(Err(wit::SecretError::Denied(denial.0)));
