@@ -1,0 +1,145 @@
+//! What a provider's calls did, as the runtime's capability observer reports it: the
+//! trace `cro provider call` prints and the record the suite's checks read.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use cro_runtime::{CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, UseOutcome};
+use serde::Serialize;
+
+/// Uses kept per recorder; a provider looping on a capability cannot grow it further
+/// (what is left out is counted).
+const MAX_USES: usize = 10_000;
+
+/// Collects every capability use and call end of one provider.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    inner: Mutex<Recorded>,
+}
+
+#[derive(Debug, Default)]
+struct Recorded {
+    pending: Vec<CapabilityUse>,
+    calls: Vec<CallStats>,
+    dropped: u64,
+}
+
+/// One provider call as the suite and `cro provider call` report it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallTrace {
+    pub operation: String,
+    /// `ok: ...` or the error.
+    pub outcome: String,
+    pub duration_ms: f64,
+    pub peak_memory_bytes: u64,
+    pub uses: Vec<UseRecord>,
+    /// Uses left out because the recorder was full.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub uses_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One capability use, flattened for text and JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UseRecord {
+    pub capability: CapabilityKind,
+    /// `allowed`, `failed` or `denied`.
+    pub decision: &'static str,
+    pub target: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    pub bytes: u64,
+    /// Why it failed or was denied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    pub duration_ms: f64,
+}
+
+impl UseRecord {
+    pub fn from_use(u: &CapabilityUse) -> UseRecord {
+        let (decision, status, bytes, detail) = match &u.outcome {
+            UseOutcome::Allowed { status, bytes } => ("allowed", *status, *bytes, None),
+            UseOutcome::Failed(why) => ("failed", None, 0, Some(why.clone())),
+            UseOutcome::Denied(why) => ("denied", None, 0, Some(why.clone())),
+        };
+        UseRecord {
+            capability: u.capability,
+            decision,
+            target: u.target.clone(),
+            status,
+            bytes,
+            detail,
+            duration_ms: millis(u.duration),
+        }
+    }
+
+    pub fn denied(&self) -> bool {
+        self.decision == "denied"
+    }
+
+    /// One line: `http GET https://... -> 200, 512 B, 3.1 ms`.
+    pub fn line(&self) -> String {
+        let what = match (self.decision, self.status, &self.detail) {
+            ("allowed", Some(status), _) => format!("{status}, {} B", self.bytes),
+            ("allowed", None, _) => format!("ok, {} B", self.bytes),
+            (decision, _, Some(why)) => format!("{}: {why}", decision.to_uppercase()),
+            (decision, _, None) => decision.to_uppercase(),
+        };
+        let kind = match self.capability {
+            CapabilityKind::Http => "http",
+            CapabilityKind::Secret => "secret",
+            CapabilityKind::Lookup => "lookup",
+        };
+        format!(
+            "{kind} {} -> {what}, {:.1} ms",
+            self.target, self.duration_ms
+        )
+    }
+}
+
+pub fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder::default()
+    }
+
+    /// Everything recorded since the last take, as one call's trace.
+    pub fn take_call(&self, operation: &str, outcome: String) -> CallTrace {
+        let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let uses = std::mem::take(&mut r.pending);
+        let calls = std::mem::take(&mut r.calls);
+        let dropped = std::mem::take(&mut r.dropped);
+        CallTrace {
+            operation: operation.to_string(),
+            outcome,
+            duration_ms: calls.iter().map(|c| millis(c.duration)).sum(),
+            peak_memory_bytes: calls.iter().map(|c| c.peak_memory_bytes).max().unwrap_or(0),
+            uses: uses.iter().map(UseRecord::from_use).collect(),
+            uses_dropped: dropped,
+        }
+    }
+}
+
+impl CapabilityObserver for Recorder {
+    fn capability_used(&self, event: CapabilityUse) {
+        let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.pending.len() < MAX_USES {
+            r.pending.push(event);
+        } else {
+            r.dropped += 1;
+        }
+    }
+
+    fn call_finished(&self, stats: CallStats) {
+        let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.calls.len() < MAX_USES {
+            r.calls.push(stats);
+        }
+    }
+}
