@@ -1,6 +1,10 @@
-//! The FTI fabric driver: `tests/fabric-sim` over HTTPS, Fabric Manager API, Nodes with
-//! `spec.providerID: fsas-cdi://<machine>`, the credentials in the Secret the Go
-//! operator used.
+//! The FTI fabric driver: `tests/fabric-sim` over HTTPS with the credentials in the
+//! Secret the Go operator used. Two APIs (docs/fti-fabric-api.md):
+//! - the Fabric Manager ([`FtiApi::Fm`]): synchronous attach and detach; Nodes with
+//!   `spec.providerID: fsas-cdi://<machine>`;
+//! - the Cluster Manager ([`FtiApi::Cm`], for a provider that declares the config key
+//!   `cluster_id`): asynchronous resizes; Nodes linked to their machine through an
+//!   OpenShift Machine and a Metal3 BareMetalHost, as the FTI provider reads them.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +12,7 @@ use std::time::Duration;
 
 use cro_runtime::DeviceType;
 use cro_runtime::cluster::StaticCluster;
-use fabric_sim::{FabricSim, Fault, Route, SimConfig};
+use fabric_sim::{DeviceStatus, FabricSim, Fault, Route, SimConfig};
 use serde_json::{Value, json};
 
 use crate::SuiteError;
@@ -19,15 +23,28 @@ pub const SECRET_NAME: &str = "credentials";
 /// The model the driver seeds when the provider names none.
 pub const DEFAULT_MODEL: &str = "A100 40G";
 
+/// Which FTI API the provider is configured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FtiApi {
+    Fm,
+    Cm,
+}
+
+/// Where OpenShift keeps Machines and BareMetalHosts.
+const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
+/// How long a Cluster Manager resize takes unless made slow.
+const CM_DELAY: Duration = Duration::from_millis(100);
+
 pub struct FtiFabric {
+    api: FtiApi,
     sim: FabricSim,
     cluster: StaticCluster,
     machines: AtomicU64,
 }
 
 impl FtiFabric {
-    pub fn start() -> Result<FtiFabric, SuiteError> {
-        let sim = FabricSim::start(SimConfig::default())
+    pub fn start(api: FtiApi) -> Result<FtiFabric, SuiteError> {
+        let sim = FabricSim::start(SimConfig::default().with_cm_delay(CM_DELAY))
             .map_err(|e| SuiteError::Simulator(e.to_string()))?;
         let creds = sim.credentials();
         let cluster = StaticCluster::new().with_secret(
@@ -42,6 +59,7 @@ impl FtiFabric {
             ],
         );
         Ok(FtiFabric {
+            api,
             sim,
             cluster,
             machines: AtomicU64::new(1),
@@ -53,11 +71,12 @@ impl FtiFabric {
     }
 }
 
-fn route(op: Op) -> Option<Route> {
-    match op {
-        Op::Attach => Some(Route::FmAttach),
-        Op::Detach => Some(Route::FmDetach),
-        Op::First => None,
+fn route(api: FtiApi, op: Op) -> Option<Route> {
+    match (api, op) {
+        (FtiApi::Fm, Op::Attach) => Some(Route::FmAttach),
+        (FtiApi::Fm, Op::Detach) => Some(Route::FmDetach),
+        (FtiApi::Cm, Op::Attach | Op::Detach) => Some(Route::CmResize),
+        (_, Op::First) => None,
     }
 }
 
@@ -67,11 +86,20 @@ impl Fabric for FtiFabric {
     }
 
     fn config(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            ("api_type".to_string(), "FM".to_string()),
+        let mut config = BTreeMap::from([
             ("endpoint".to_string(), self.sim.endpoint()),
             ("tenant_id".to_string(), self.sim.tenant_id().to_string()),
-        ])
+        ]);
+        match self.api {
+            FtiApi::Fm => {
+                config.insert("api_type".into(), "FM".into());
+            }
+            FtiApi::Cm => {
+                config.insert("api_type".into(), "CM".into());
+                config.insert("cluster_id".into(), self.sim.cluster_id().to_string());
+            }
+        }
+        config
     }
 
     fn grants(&self) -> Value {
@@ -79,7 +107,14 @@ impl Fabric for FtiFabric {
             "http": [{"url": format!("https://{}", self.sim.https_addr()), "ca_pem": self.sim.ca_pem()}],
             "secret": {"namespace": SECRET_NAMESPACE, "name": SECRET_NAME,
                 "keys": ["username", "password", "client_id", "client_secret", "realm"]},
-            "lookup": [{"api_version": "v1", "kind": "Node"}],
+            "lookup": match self.api {
+                FtiApi::Fm => json!([{"api_version": "v1", "kind": "Node"}]),
+                FtiApi::Cm => json!([
+                    {"api_version": "v1", "kind": "Node"},
+                    {"api_version": "machine.openshift.io/v1beta1", "kind": "Machine"},
+                    {"api_version": "metal3.io/v1alpha1", "kind": "BareMetalHost"},
+                ]),
+            },
             "wasi": {"clocks": true},
         })
     }
@@ -92,12 +127,33 @@ impl Fabric for FtiFabric {
         let n = self.machines.fetch_add(1, Ordering::SeqCst);
         let machine = format!("0c0f0e0d-0000-4000-8000-{n:012x}");
         self.sim.add_machine(&machine, node);
-        // The node object is ours and well-formed: inserting it cannot fail.
-        let _ = self.cluster.insert_object(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node},
-            "spec": {"providerID": format!("fsas-cdi://{machine}")},
-        }));
+        // The objects are ours and well-formed: inserting them cannot fail.
+        match self.api {
+            FtiApi::Fm => {
+                let _ = self.cluster.insert_object(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": node},
+                    "spec": {"providerID": format!("fsas-cdi://{machine}")},
+                }));
+            }
+            FtiApi::Cm => {
+                let (m, bmh) = (format!("{node}-machine"), format!("{node}-bmh"));
+                let ns = MACHINE_API_NAMESPACE;
+                for object in [
+                    json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": node, "annotations": {
+                            "machine.openshift.io/machine": format!("{ns}/{m}")}}}),
+                    json!({"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine",
+                        "metadata": {"name": m, "namespace": ns, "annotations": {
+                            "metal3.io/BareMetalHost": format!("{ns}/{bmh}")}}}),
+                    json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+                        "metadata": {"name": bmh, "namespace": ns, "annotations": {
+                            "cluster-manager.cdi.io/machine": machine}}}),
+                ] {
+                    let _ = self.cluster.insert_object(object);
+                }
+            }
+        }
         machine
     }
 
@@ -119,7 +175,7 @@ impl Fabric for FtiFabric {
             FaultKind::LostReply => Fault::DropAfterProcessing,
             FaultKind::Slow(d) => Fault::Latency(d),
         };
-        let injection = match route(op) {
+        let injection = match route(self.api, op) {
             Some(r) => fault.on(r),
             None => fault.times(1),
         };
@@ -135,14 +191,22 @@ impl Fabric for FtiFabric {
             .machine_devices(machine)
             .into_iter()
             .map(|d| FabricDevice {
+                ready: d.status == DeviceStatus::AddComplete,
                 ids: vec![d.serial, d.res_uuid],
-                ready: true,
             })
             .collect()
     }
 
-    fn set_slow(&self, _delay: Option<Duration>) -> Result<(), String> {
-        Err("the FTI Fabric Manager API attaches and detaches synchronously".into())
+    fn set_slow(&self, delay: Option<Duration>) -> Result<(), String> {
+        match self.api {
+            FtiApi::Fm => {
+                Err("the FTI Fabric Manager API attaches and detaches synchronously".into())
+            }
+            FtiApi::Cm => {
+                self.sim.set_cm_delay(delay.unwrap_or(CM_DELAY));
+                Ok(())
+            }
+        }
     }
 
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! The FTI provider component in the cro runtime against the fabric simulator.
 
 mod cm;
+mod conformance;
 mod contract;
 mod egress;
 mod fm;

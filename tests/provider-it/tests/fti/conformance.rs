@@ -1,0 +1,221 @@
+//! `cro provider test`'s suite (host/conformance) on real components: the providers of
+//! the repository pass it, the misbehaving testkit fails it with the right reasons, and
+//! its JUnit and JSON reports parse and say the same as the text.
+
+use std::path::PathBuf;
+
+use cro_conformance::{FabricKind, Report, Status, SuiteOptions, run_simulated};
+
+/// Runs the suite on `component` (against `fabric`, or the one its describe() names)
+/// with extra provider config; a short call deadline keeps misbehaving runs quick.
+async fn conformance(
+    component: PathBuf,
+    fabric: Option<FabricKind>,
+    config: &[(&str, &str)],
+) -> Report {
+    let mut opts = SuiteOptions::new(component);
+    opts.fabric = fabric;
+    opts.call_timeout_ms = 5_000;
+    opts.deadline_ms = 1_500;
+    for (k, v) in config {
+        opts.config.insert(k.to_string(), v.to_string());
+    }
+    match run_simulated(&opts).await {
+        Ok(r) => r,
+        Err(e) => panic!("the suite could not run: {e}"),
+    }
+}
+
+/// The report passes, with every check's line shown when it does not.
+fn assert_passes(report: &Report) {
+    assert!(report.passed(), "{}", report.text(true));
+}
+
+/// The check `name` failed and says `why`.
+fn assert_fails(report: &Report, name: &str, why: &str) {
+    let check = report
+        .check(name)
+        .unwrap_or_else(|| panic!("no check {name}:\n{}", report.text(false)));
+    assert_eq!(check.status, Status::Fail, "{}", report.text(true));
+    assert!(
+        check.why.contains(why),
+        "check {name} failed for another reason (wanted {why:?}):\n{}",
+        report.text(true)
+    );
+    assert!(!report.passed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fti_provider_passes() {
+    let report = conformance(cro_test_support::component("fti-provider"), None, &[]).await;
+    assert_passes(&report);
+    assert_eq!(report.fabric, "fti (Cluster Manager API)");
+    assert_eq!(report.contract, "0.2.0");
+    // The suite ran what it promises, not a subset.
+    for name in [
+        "describe",
+        "attach",
+        "check",
+        "check-warning",
+        "get-resources",
+        "in-progress",
+        "lost-reply-retry",
+        "detach",
+        "detach-twice",
+        "fault-5xx-check",
+        "fault-malformed-check",
+        "fault-lost-check",
+        "fault-5xx-attach",
+        "fault-malformed-attach",
+        "fault-lost-attach",
+        "deadline",
+        "denied",
+        "declared-capabilities",
+        "resources",
+    ] {
+        assert_eq!(
+            report.check(name).map(|c| c.status),
+            Some(Status::Pass),
+            "{name}:\n{}",
+            report.text(true)
+        );
+    }
+    assert_eq!(report.summary().skipped, 0, "{}", report.text(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs providers/redfish from the providers branch"]
+async fn the_redfish_provider_passes() {
+    let report = conformance(
+        cro_test_support::component("cro-provider-redfish"),
+        None,
+        &[],
+    )
+    .await;
+    assert_passes(&report);
+    assert_eq!(report.fabric, "redfish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_provider_passes() {
+    let component = provider_it::python::python_component();
+    let report = conformance(component, Some(FabricKind::Fti), &[]).await;
+    assert_passes(&report);
+}
+
+/// Each misbehaving mode of the testkit fails `attach` with its own reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_components_fail_with_their_reason() {
+    let testkit = cro_test_support::component("cro-testkit");
+    for (mode, why) in [
+        ("trap", "provider trapped"),
+        ("exit", "exit(3)"),
+        ("membomb", "memory limit"),
+        ("fake", "but the fabric holds no device"),
+    ] {
+        let report = conformance(testkit.clone(), Some(FabricKind::Fti), &[("mode", mode)]).await;
+        assert_fails(&report, "attach", why);
+        assert_eq!(report.contract, "0.1.0");
+        assert_eq!(
+            report.check("describe").map(|c| c.status),
+            Some(Status::Skip)
+        );
+        if mode == "membomb" {
+            assert_fails(&report, "resources", "memory limit");
+        }
+    }
+    // A provider that spins runs into its deadline on every call.
+    let report = conformance(testkit, Some(FabricKind::Fti), &[("mode", "loop")]).await;
+    assert_fails(&report, "attach", "exceeded its deadline");
+    assert_fails(&report, "fault-5xx-attach", "exceeded its deadline");
+    assert_fails(&report, "denied", "exceeded its deadline");
+}
+
+/// The JUnit and JSON reports parse and agree with the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junit_and_json_reports_parse_and_agree() {
+    let testkit = cro_test_support::component("cro-testkit");
+    let report = conformance(testkit, Some(FabricKind::Fti), &[("mode", "trap")]).await;
+    let summary = report.summary();
+    assert!(
+        summary.failed > 0 && summary.skipped > 0,
+        "{}",
+        report.text(false)
+    );
+
+    let json: serde_json::Value = serde_json::from_str(&report.json()).expect("JSON report");
+    assert_eq!(json["passed"], false);
+    assert_eq!(json["summary"]["failed"], summary.failed);
+    assert_eq!(json["summary"]["passed"], summary.passed);
+    let checks = json["checks"].as_array().expect("checks");
+    assert_eq!(checks.len(), report.checks.len());
+    let attach = checks
+        .iter()
+        .find(|c| c["name"] == "attach")
+        .expect("attach");
+    assert_eq!(attach["status"], "fail");
+    assert!(attach["why"].as_str().unwrap().contains("provider trapped"));
+    let call = &attach["calls"][0];
+    assert_eq!(call["operation"], "add-resource");
+    assert!(call["peak_memory_bytes"].as_u64().unwrap() > 0, "{call}");
+
+    let xml = report.junit();
+    let doc = roxmltree::Document::parse(&xml).expect("JUnit XML");
+    let suite = doc
+        .descendants()
+        .find(|n| n.has_tag_name("testsuite"))
+        .expect("testsuite");
+    assert_eq!(
+        suite.attribute("tests"),
+        Some(report.checks.len().to_string().as_str())
+    );
+    assert_eq!(
+        suite.attribute("failures"),
+        Some(summary.failed.to_string().as_str())
+    );
+    assert_eq!(
+        suite.attribute("skipped"),
+        Some(summary.skipped.to_string().as_str())
+    );
+    let cases: Vec<_> = suite
+        .children()
+        .filter(|n| n.has_tag_name("testcase"))
+        .collect();
+    assert_eq!(cases.len(), report.checks.len());
+    let attach = cases
+        .iter()
+        .find(|c| c.attribute("name") == Some("attach"))
+        .expect("attach case");
+    let failure = attach
+        .children()
+        .find(|n| n.has_tag_name("failure"))
+        .expect("a failure element");
+    assert!(
+        failure
+            .attribute("message")
+            .unwrap()
+            .contains("provider trapped")
+    );
+    let skipped = cases
+        .iter()
+        .filter(|c| c.children().any(|n| n.has_tag_name("skipped")))
+        .count();
+    assert_eq!(skipped, summary.skipped);
+
+    // A passing report has no failure elements.
+    let fti = conformance(cro_test_support::component("fti-provider"), None, &[]).await;
+    let doc_text = fti.junit();
+    let doc = roxmltree::Document::parse(&doc_text).expect("JUnit XML");
+    assert!(
+        !doc.descendants().any(|n| n.has_tag_name("failure")),
+        "{doc_text}"
+    );
+    // The trace of the attach shows the capability calls with their status.
+    let attach = fti.check("attach").expect("attach");
+    let uses = &attach.calls[0].uses;
+    assert!(
+        uses.iter()
+            .any(|u| u.decision == "allowed" && u.status.is_some()),
+        "{uses:?}"
+    );
+}
