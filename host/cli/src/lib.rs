@@ -1,7 +1,8 @@
 //! The `cro` command line: `cro run` (the operator), `cro status` (requests, devices,
 //! nodes and errors), `cro crds` (the CRD manifests), `cro provider ...` (provider
-//! components; `cro provider test` will join `inspect`).
+//! components: `inspect`, `call`, `test`, `new`).
 
+pub mod provider;
 pub mod status;
 
 use std::fmt::Write as _;
@@ -52,6 +53,19 @@ pub enum ProviderCommand {
     /// needs, against what a spec grants (the capability report). Exits non-zero when
     /// it cannot be loaded.
     Inspect(InspectArgs),
+    /// Run one operation of a provider without a cluster, printing its outcome and a
+    /// trace of every capability call it made (allowed or denied, URL or key, status,
+    /// bytes, duration). Exits non-zero on an error outcome.
+    ///
+    /// Example: `cro provider call fti.wasm add --config endpoint=https://127.0.0.1:8443
+    /// --grant http=https://127.0.0.1:8443,ca=ca.pem --grant lookup=v1/Node
+    /// --node worker-0=fsas-cdi://MACHINE --name gpu-1 --model "A100 40G" --target-node worker-0`
+    Call(Box<provider::CallArgs>),
+    /// Run the conformance suite on a provider: against the simulator of its fabric
+    /// (chosen from its describe(), or `--fabric`), or a vendor's lab fabric with
+    /// `--endpoint` (non-destructive unless `--allow-attach`). One line per check, a
+    /// summary, `--junit`/`--json` reports; exits non-zero when a check fails.
+    Test(Box<provider::TestArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +94,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Provider(ProviderCommand::Inspect(args)) => inspect_command(&args),
+        Command::Provider(ProviderCommand::Call(args)) => provider::call_command(&args),
+        Command::Provider(ProviderCommand::Test(args)) => provider::test_command(&args),
     }
 }
 

@@ -7,10 +7,11 @@ fn main() -> ExitCode {
     let cli = cro::Cli::parse();
     // The operator explains every step at info; one-shot commands only warn. RUST_LOG
     // overrides both; CRO_LOG_FORMAT=json gives one JSON object per line for collectors.
-    let default = if matches!(cli.command, cro::Command::Run(_)) {
-        "info"
-    } else {
-        "warn"
+    // `provider test` provokes failures on purpose: its report says what went wrong.
+    let default = match &cli.command {
+        cro::Command::Run(_) => "info",
+        cro::Command::Provider(cro::ProviderCommand::Test(_)) => "error",
+        _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -23,7 +23,10 @@ pub mod trace;
 
 pub use fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
 pub use report::{CheckResult, Report, Status, Summary};
-pub use suite::{LabTarget, SuiteOptions, run_lab, run_simulated};
+pub use suite::{
+    LabAttach, LabTarget, SuiteOptions, lab_attach as suite_lab_attach, run_lab, run_simulated,
+    tool_runtime_options,
+};
 pub use trace::{CallTrace, Recorder, UseRecord};
 
 /// Why the suite could not run at all (a check failing is a [`Report`], not this).

@@ -150,7 +150,14 @@ impl Report {
     pub fn junit(&self) -> String {
         let s = self.summary();
         let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-        let suite = format!("cro-conformance.{}", self.fabric);
+        let fabric: String = self
+            .fabric
+            .to_ascii_lowercase()
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join("-");
+        let suite = format!("cro-conformance.{fabric}");
         let _ = writeln!(
             out,
             "<testsuites name=\"cro provider test\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" time=\"{:.3}\">",

@@ -84,11 +84,21 @@ pub struct LabTarget {
     pub attach: Option<LabAttach>,
 }
 
+/// What `--allow-attach` attaches on a lab fabric.
 #[derive(Debug, Clone)]
 pub struct LabAttach {
     pub node: String,
     pub device_type: DeviceType,
     pub model: String,
+}
+
+/// A [`LabAttach`] (its fields are public; this keeps callers' code short).
+pub fn lab_attach(node: &str, device_type: DeviceType, model: String) -> LabAttach {
+    LabAttach {
+        node: node.to_string(),
+        device_type,
+        model,
+    }
 }
 
 /// One loaded provider with its recorder, and the calls of the running check.

@@ -1,0 +1,581 @@
+//! `cro provider call` and `cro provider test`: run a provider component without a
+//! cluster. The provider's spec comes from `--spec` or from `--config`/`--grant` flags;
+//! what it looks up comes from `--node`/`--objects`, its Secret from `--secret`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use cro_conformance::{FabricKind, LabTarget, Recorder, SuiteOptions, UseRecord};
+use cro_runtime::cluster::StaticCluster;
+use cro_runtime::{
+    AddOutcome, AddRequest, CallError, CapabilityReport, Claim, ComposableResource, DeviceType,
+    ProviderSpec, RemoveOutcome, Runtime,
+};
+use serde_json::{Value, json};
+
+/// Where a provider's spec comes from, and the cluster objects it may look up.
+#[derive(Debug, Args)]
+pub struct SpecArgs {
+    /// A provider spec (YAML or JSON): config, grants, limits. `--config` overrides its
+    /// keys; without it the spec is made of `--config` and `--grant`.
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// A provider configuration key (repeatable): `--config endpoint=https://fabric:8443`.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    pub config: Vec<String>,
+    /// A grant (repeatable): `http=URL[,ca=PEM_FILE]`, `secret=NAMESPACE/NAME:KEY,KEY`,
+    /// `lookup=API_VERSION/KIND` (e.g. `lookup=v1/Node`), `clocks`.
+    #[arg(long = "grant", value_name = "GRANT")]
+    pub grants: Vec<String>,
+    /// A Node the provider may look up (repeatable): `NAME=PROVIDER_ID`.
+    #[arg(long = "node", value_name = "NAME=PROVIDER_ID")]
+    pub nodes: Vec<String>,
+    /// More cluster objects the provider may look up (multi-document YAML or a List).
+    #[arg(long)]
+    pub objects: Option<PathBuf>,
+    /// A key of the granted Secret (repeatable): `username=admin`.
+    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    pub secrets: Vec<String>,
+    /// The call deadline (`limits.call_timeout_ms`), overriding the spec's.
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Operation {
+    /// What the provider declares (contract 0.2.0 and later).
+    Describe,
+    /// Attach a device (`add-resource`).
+    #[value(alias = "add-resource")]
+    Add,
+    /// Detach a device (`remove-resource`).
+    #[value(alias = "remove-resource")]
+    Remove,
+    /// Check a device's health (`check-resource`).
+    #[value(alias = "check-resource")]
+    Check,
+    /// Every device the fabric has attached (`get-resources`).
+    #[value(alias = "get-resources")]
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    /// The provider component (`.wasm`).
+    pub component: PathBuf,
+    pub operation: Operation,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// The resource as JSON or YAML (a file, or `-` for standard input) with the fields
+    /// of a ComposableResource: name, device_type, model, target_node, device_id,
+    /// fabric_device_id, machine_id, force_detach. The flags below override it.
+    #[arg(long)]
+    pub resource: Option<String>,
+    /// The resource's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long = "type", value_name = "gpu|cxlmemory")]
+    pub device_type: Option<String>,
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The node the device is (to be) attached to.
+    #[arg(long)]
+    pub target_node: Option<String>,
+    #[arg(long)]
+    pub device_id: Option<String>,
+    #[arg(long)]
+    pub fabric_device_id: Option<String>,
+    #[arg(long)]
+    pub machine_id: Option<String>,
+    #[arg(long)]
+    pub force_detach: bool,
+    /// The attach's attempt key (default: the resource's name).
+    #[arg(long)]
+    pub attempt_key: Option<String>,
+    /// Bytes of memory wanted (CXL memory).
+    #[arg(long)]
+    pub size_bytes: Option<u64>,
+    /// A device some resource holds (repeatable): `RESOURCE=DEVICE_ID[/FABRIC_DEVICE_ID]`.
+    #[arg(long = "claim", value_name = "RESOURCE=DEVICE_ID")]
+    pub claims: Vec<String>,
+    /// Print the outcome and the trace as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// The provider component (`.wasm`).
+    pub component: PathBuf,
+    /// The simulated fabric (default: chosen from the provider's describe()).
+    #[arg(long, value_name = "fti|redfish")]
+    pub fabric: Option<String>,
+    /// A vendor's own fabric instead of a simulator: only non-destructive checks run
+    /// unless `--allow-attach`. The spec comes from `--spec` or `--config`/`--grant`
+    /// (`endpoint` is configured to this URL unless set).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// Against `--endpoint`: also attach, check and detach a device on `--target-node`.
+    #[arg(long, requires = "endpoint")]
+    pub allow_attach: bool,
+    /// Against `--endpoint` with `--allow-attach`: the node to attach to.
+    #[arg(long)]
+    pub target_node: Option<String>,
+    #[arg(long = "type", value_name = "gpu|cxlmemory", default_value = "gpu")]
+    pub device_type: String,
+    #[arg(long)]
+    pub model: Option<String>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// The shorter deadline of the `deadline` check, in ms.
+    #[arg(long, default_value_t = 2000)]
+    pub deadline_ms: u64,
+    /// Write a JUnit XML report here.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Write a JSON report here.
+    #[arg(long = "json")]
+    pub json_file: Option<PathBuf>,
+    /// Show every call and its capability trace under its check.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+fn key_value(s: &str, what: &str) -> anyhow::Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => bail!("{what} must be KEY=VALUE, not {s:?}"),
+    }
+}
+
+/// The `grants:` of a spec from `--grant` flags.
+pub fn grants_json(grants: &[String]) -> anyhow::Result<Value> {
+    let mut http = Vec::new();
+    let mut secret = Value::Null;
+    let mut lookup = Vec::new();
+    let mut clocks = false;
+    for g in grants {
+        let (kind, rest) = g.split_once('=').unwrap_or((g.as_str(), ""));
+        match kind {
+            "http" => {
+                let mut parts = rest.split(',');
+                let url = parts.next().unwrap_or_default();
+                let mut grant = json!({"url": url});
+                for part in parts {
+                    match part.split_once('=') {
+                        Some(("ca", file)) => {
+                            let pem = std::fs::read_to_string(file)
+                                .with_context(|| format!("cannot read the CA {file}"))?;
+                            grant["ca_pem"] = pem.into();
+                        }
+                        _ => bail!("unknown http grant option {part:?} (only ca=PEM_FILE)"),
+                    }
+                }
+                http.push(grant);
+            }
+            "secret" => {
+                let (object, keys) = rest.split_once(':').unwrap_or((rest, ""));
+                let Some((namespace, name)) = object.split_once('/') else {
+                    bail!("--grant secret=NAMESPACE/NAME:KEY,KEY, not {g:?}");
+                };
+                let keys: Vec<&str> = keys.split(',').filter(|k| !k.is_empty()).collect();
+                secret = json!({"namespace": namespace, "name": name, "keys": keys});
+            }
+            "lookup" => {
+                let Some((api_version, kind)) = rest.rsplit_once('/') else {
+                    bail!("--grant lookup=API_VERSION/KIND (e.g. v1/Node), not {g:?}");
+                };
+                lookup.push(json!({"api_version": api_version, "kind": kind}));
+            }
+            "clocks" => clocks = true,
+            _ => bail!(
+                "unknown grant {g:?}: http=URL, secret=NS/NAME:KEYS, lookup=API/KIND or clocks"
+            ),
+        }
+    }
+    let mut out = json!({"http": http, "lookup": lookup, "wasi": {"clocks": clocks}});
+    if !secret.is_null() {
+        out["secret"] = secret;
+    }
+    Ok(out)
+}
+
+impl SpecArgs {
+    fn config(&self) -> anyhow::Result<BTreeMap<String, String>> {
+        self.config
+            .iter()
+            .map(|c| key_value(c, "--config"))
+            .collect()
+    }
+
+    /// The spec: `--spec` with `--config` on top, or one made of the flags.
+    pub fn spec(
+        &self,
+        component: &Path,
+        default_config: &[(&str, &str)],
+    ) -> anyhow::Result<ProviderSpec> {
+        let mut spec = match &self.spec {
+            Some(path) => ProviderSpec::from_file(path)
+                .with_context(|| format!("provider spec {}", path.display()))?,
+            None => {
+                let mut config: BTreeMap<String, String> = default_config
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                config.extend(self.config()?);
+                let spec = json!({
+                    "name": component.file_stem().and_then(|s| s.to_str()).unwrap_or("provider"),
+                    "component": component,
+                    "config": config,
+                    "grants": grants_json(&self.grants)?,
+                });
+                ProviderSpec::from_json(&spec.to_string(), Path::new("."))
+                    .context("the provider spec made of --config and --grant")?
+            }
+        };
+        if self.spec.is_some() {
+            if !self.grants.is_empty() {
+                bail!("--grant and --spec do not mix: put the grants in the spec");
+            }
+            spec.config.extend(self.config()?);
+        }
+        spec.component = component.to_path_buf();
+        if let Some(ms) = self.timeout_ms {
+            spec.limits.call_timeout_ms = ms;
+        }
+        spec.validate().context("provider spec")?;
+        Ok(spec)
+    }
+
+    /// The cluster the provider sees: `--objects`, `--node` and the granted Secret.
+    pub fn cluster(&self, spec: &ProviderSpec) -> anyhow::Result<StaticCluster> {
+        let cluster = match &self.objects {
+            Some(path) => StaticCluster::from_yaml_file(path)
+                .with_context(|| format!("objects {}", path.display()))?,
+            None => StaticCluster::new(),
+        };
+        for node in &self.nodes {
+            let (name, provider_id) = key_value(node, "--node")?;
+            cluster
+                .insert_object(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name},
+                    "spec": {"providerID": provider_id},
+                }))
+                .with_context(|| format!("--node {node}"))?;
+        }
+        if !self.secrets.is_empty() {
+            let Some(grant) = &spec.grants.secret else {
+                bail!("--secret needs a secret grant (--grant secret=NAMESPACE/NAME:KEYS)");
+            };
+            let data = self
+                .secrets
+                .iter()
+                .map(|s| key_value(s, "--secret"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            cluster.insert_secret(&grant.namespace, &grant.name, data);
+        }
+        Ok(cluster)
+    }
+}
+
+fn tokio() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn read_resource(source: &str) -> anyhow::Result<Value> {
+    let text = if source == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read the resource from standard input")?;
+        s
+    } else {
+        std::fs::read_to_string(source).with_context(|| format!("cannot read {source}"))?
+    };
+    // YAML is a superset of JSON.
+    serde_yaml::from_str(&text).with_context(|| format!("the resource in {source}"))
+}
+
+fn device_type(s: &str) -> anyhow::Result<DeviceType> {
+    match s.to_ascii_lowercase().as_str() {
+        "gpu" => Ok(DeviceType::Gpu),
+        "cxlmemory" | "cxl" => Ok(DeviceType::CxlMemory),
+        _ => bail!("device type must be gpu or cxlmemory, not {s:?}"),
+    }
+}
+
+impl CallArgs {
+    fn resource(&self) -> anyhow::Result<ComposableResource> {
+        let mut v = match &self.resource {
+            Some(source) => read_resource(source)?,
+            None => json!({}),
+        };
+        let Some(map) = v.as_object_mut() else {
+            bail!("the resource must be an object");
+        };
+        let mut set = |k: &str, val: Option<&String>| {
+            if let Some(val) = val {
+                map.insert(k.to_string(), val.clone().into());
+            }
+        };
+        set("name", self.name.as_ref());
+        set("model", self.model.as_ref());
+        set("target_node", self.target_node.as_ref());
+        set("device_id", self.device_id.as_ref());
+        set("fabric_device_id", self.fabric_device_id.as_ref());
+        set("machine_id", self.machine_id.as_ref());
+        if let Some(t) = &self.device_type {
+            let t = serde_json::to_value(device_type(t)?)?;
+            map.insert("device_type".into(), t);
+        }
+        if self.force_detach {
+            map.insert("force_detach".into(), true.into());
+        }
+        map.entry("name").or_insert_with(|| "cro-call".into());
+        map.entry("device_type").or_insert_with(|| "gpu".into());
+        map.entry("model").or_insert_with(|| "".into());
+        map.entry("target_node").or_insert_with(|| "".into());
+        for k in ["device_id", "fabric_device_id", "machine_id"] {
+            map.entry(k).or_insert(Value::Null);
+        }
+        map.entry("force_detach").or_insert(false.into());
+        serde_json::from_value(v).context("the resource")
+    }
+
+    fn claims(&self) -> anyhow::Result<Vec<Claim>> {
+        self.claims
+            .iter()
+            .map(|c| {
+                let (resource, ids) = key_value(c, "--claim")?;
+                let (device, fabric) = match ids.split_once('/') {
+                    Some((d, f)) => (d.to_string(), Some(f.to_string())),
+                    None => (ids, None),
+                };
+                Ok(Claim {
+                    resource,
+                    device_id: Some(device).filter(|d| !d.is_empty()),
+                    fabric_device_id: fabric,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `cro provider call`.
+pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
+    let spec = args.spec.spec(&args.component, &[])?;
+    let cluster = args.spec.cluster(&spec)?;
+    let bytes = std::fs::read(&args.component)
+        .with_context(|| format!("cannot read {}", args.component.display()))?;
+    let rt = tokio()?;
+    let runtime = Runtime::new(cro_conformance::tool_runtime_options())?;
+    let recorder = Arc::new(Recorder::new());
+    let provider = rt
+        .block_on(runtime.load_observed(&spec, bytes, Arc::new(cluster), recorder.clone()))
+        .with_context(|| format!("{}", args.component.display()))?;
+    let (op, outcome): (&str, Result<Value, CallError>) = match args.operation {
+        Operation::Describe => {
+            let report = CapabilityReport::new(provider.info(), &spec);
+            let text = crate::render_declared(provider.info(), &report, args.spec.spec.as_deref());
+            if args.json {
+                let v = json!({"provider": provider.info(), "capability_report": report});
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if provider.info().is_none() {
+                println!("contract {} has no describe()", provider.contract_version());
+            } else {
+                print!("{text}");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Operation::Add => {
+            let resource = args.resource()?;
+            let request = AddRequest {
+                attempt_key: args
+                    .attempt_key
+                    .clone()
+                    .unwrap_or_else(|| resource.name.clone()),
+                size_bytes: args.size_bytes,
+                claims: args.claims()?,
+                resource,
+            };
+            let r = rt.block_on(provider.add(&request));
+            (
+                "add-resource",
+                r.map(|o| match o {
+                    AddOutcome::Attached(d) => json!({"attached": d}),
+                    AddOutcome::InProgress(w) => json!({"in_progress": w}),
+                }),
+            )
+        }
+        Operation::Remove => {
+            let r = rt.block_on(provider.remove_resource(&args.resource()?));
+            (
+                "remove-resource",
+                r.map(|o| match o {
+                    RemoveOutcome::Removed => json!("removed"),
+                    RemoveOutcome::InProgress(w) => json!({"in_progress": w}),
+                }),
+            )
+        }
+        Operation::Check => {
+            let r = rt.block_on(provider.check_resource(&args.resource()?));
+            ("check-resource", r.map(|()| json!("healthy")))
+        }
+        Operation::List => {
+            let r = rt.block_on(provider.list(&args.claims()?));
+            ("get-resources", r.map(|d| json!(d)))
+        }
+    };
+    let text = match &outcome {
+        Ok(v) => format!("ok: {v}"),
+        Err(e) => format!("error: {e}"),
+    };
+    let trace = recorder.take_call(op, text);
+    if args.json {
+        let v = json!({
+            "operation": op,
+            "ok": outcome.as_ref().ok(),
+            "error": outcome.as_ref().err().map(|e| json!({"kind": error_kind(e), "message": e.to_string()})),
+            "trace": trace,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render_call(&trace, &outcome));
+    }
+    Ok(if outcome.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The provider-error case (or the host's reason) of a failed call.
+pub fn error_kind(e: &CallError) -> &'static str {
+    use cro_runtime::ProviderError as P;
+    match e {
+        CallError::Provider(p) => match p {
+            P::Fabric(_) => "fabric",
+            P::MalformedReply(_) => "malformed-reply",
+            P::NotFound(_) => "not-found",
+            P::Warning(_) => "warning",
+            P::Critical(_) => "critical",
+            P::Denied(_) => "denied",
+            P::Config(_) => "config",
+            P::Unavailable(_) => "unavailable",
+            P::NoCapacity(_) => "no-capacity",
+            P::Other(_) => "other",
+        },
+        CallError::Trap { .. } => "trap",
+        CallError::Timeout(_) => "timeout",
+        CallError::OutOfMemory { .. } => "out-of-memory",
+        CallError::Budget(_) => "budget",
+        CallError::Instantiate(_) => "instantiate",
+    }
+}
+
+/// The text form of one call: the outcome, every capability use, the cost.
+pub fn render_call(
+    trace: &cro_conformance::CallTrace,
+    outcome: &Result<Value, CallError>,
+) -> String {
+    let mut out = String::new();
+    match outcome {
+        Ok(v) => {
+            let _ = writeln!(out, "{}: ok", trace.operation);
+            let pretty = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+            for line in pretty.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "{}: error ({}): {e}", trace.operation, error_kind(e));
+        }
+    }
+    let _ = writeln!(out, "trace ({} capability calls):", trace.uses.len());
+    for u in &trace.uses {
+        let _ = writeln!(out, "  {}", UseRecord::line(u));
+    }
+    if trace.uses_dropped > 0 {
+        let _ = writeln!(out, "  ... and {} more not recorded", trace.uses_dropped);
+    }
+    let _ = writeln!(
+        out,
+        "cost: {:.1} ms, peak memory {:.1} MiB",
+        trace.duration_ms,
+        trace.peak_memory_bytes as f64 / f64::from(1 << 20)
+    );
+    out
+}
+
+/// `cro provider test`.
+pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = SuiteOptions::new(args.component.clone());
+    opts.fabric = match &args.fabric {
+        None => None,
+        Some(f) => Some(
+            FabricKind::parse(f)
+                .with_context(|| format!("--fabric must be fti or redfish, not {f:?}"))?,
+        ),
+    };
+    opts.config = args.spec.config()?;
+    if let Some(ms) = args.spec.timeout_ms {
+        opts.call_timeout_ms = ms;
+    }
+    opts.deadline_ms = args.deadline_ms;
+    let rt = tokio()?;
+    let report = match &args.endpoint {
+        None => {
+            if args.spec.spec.is_some() || !args.spec.grants.is_empty() {
+                bail!(
+                    "--spec and --grant are for --endpoint: against a simulator the suite grants what the fabric needs"
+                );
+            }
+            rt.block_on(cro_conformance::run_simulated(&opts))?
+        }
+        Some(endpoint) => {
+            let spec = args.spec.spec(&args.component, &[("endpoint", endpoint)])?;
+            let cluster = args.spec.cluster(&spec)?;
+            let attach = match (args.allow_attach, &args.target_node) {
+                (false, _) => None,
+                (true, None) => bail!("--allow-attach needs --target-node"),
+                (true, Some(node)) => Some(cro_conformance::suite_lab_attach(
+                    node,
+                    device_type(&args.device_type)?,
+                    args.model.clone().unwrap_or_default(),
+                )),
+            };
+            let lab = LabTarget {
+                spec,
+                cluster,
+                endpoint: endpoint.clone(),
+                attach,
+            };
+            rt.block_on(cro_conformance::run_lab(&opts, &lab))?
+        }
+    };
+    print!("{}", report.text(args.verbose));
+    if let Some(path) = &args.junit {
+        std::fs::write(path, report.junit())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.json_file {
+        std::fs::write(path, report.json())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
