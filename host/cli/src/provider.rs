@@ -230,7 +230,7 @@ impl SpecArgs {
                     .collect();
                 config.extend(self.config()?);
                 let spec = json!({
-                    "name": component.file_stem().and_then(|s| s.to_str()).unwrap_or("provider"),
+                    "name": spec_name(component),
                     "component": component,
                     "config": config,
                     "grants": grants_json(&self.grants)?,
@@ -282,6 +282,26 @@ impl SpecArgs {
             cluster.insert_secret(&grant.namespace, &grant.name, data);
         }
         Ok(cluster)
+    }
+}
+
+/// A provider name (a Kubernetes-style name) from the component's file name.
+fn spec_name(component: &Path) -> String {
+    let stem = component
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let name: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(63)
+        .collect();
+    let name = name.trim_matches('-');
+    if name.is_empty() {
+        "provider".to_string()
+    } else {
+        name.to_string()
     }
 }
 

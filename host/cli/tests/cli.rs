@@ -201,3 +201,175 @@ fn help_reads_well() {
     let out = cro(&[]);
     assert!(!out.status.success());
 }
+
+/// Runs `cro` with string arguments; (success, stdout, stderr).
+fn cro_str(args: &[&str]) -> (bool, String, String) {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = cro(&args);
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn provider_call_prints_the_outcome_and_the_capability_trace() {
+    let fti = cro_test_support::component("fti-provider");
+    let sim = fabric_sim::FabricSim::start(fabric_sim::SimConfig::default()).unwrap();
+    let machine = "0b1c2d3e-0000-4000-8000-0000000c0001";
+    sim.add_machine(machine, "worker-0");
+    sim.add_free_devices("gpu", "A100 40G", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem()).unwrap();
+    let creds = sim.credentials();
+    let origin = format!("https://{}", sim.https_addr());
+    let endpoint = format!("endpoint={}", sim.endpoint());
+    let tenant = format!("tenant_id={}", sim.tenant_id());
+    let http = format!("http={origin},ca={}", ca.display());
+    let node = format!("worker-0=fsas-cdi://{machine}");
+    let secrets = [
+        format!("username={}", creds.username),
+        format!("password={}", creds.password),
+        format!("client_id={}", creds.client_id),
+        format!("client_secret={}", creds.client_secret),
+        "realm=fti".to_string(),
+    ];
+    let mut args = vec![
+        "provider",
+        "call",
+        fti.to_str().unwrap(),
+        "add",
+        "--config",
+        "api_type=FM",
+        "--config",
+        &endpoint,
+        "--config",
+        &tenant,
+        "--grant",
+        "secret=ns/creds:username,password,client_id,client_secret,realm",
+        "--grant",
+        "lookup=v1/Node",
+        "--grant",
+        "clocks",
+        "--node",
+        &node,
+        "--name",
+        "gpu-1",
+        "--model",
+        "A100 40G",
+        "--target-node",
+        "worker-0",
+    ];
+    for s in &secrets {
+        args.extend(["--secret", s.as_str()]);
+    }
+    // Without the HTTP grant: the denial is in the trace and the exit code says error.
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(stderr.is_empty() || !stdout.is_empty(), "{stderr}");
+    assert!(
+        stdout.contains("add-resource: error (denied)"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("http POST {origin}/id_manager/realms/fti/protocol/openid-connect/token -> DENIED: no http grant for {origin}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("secret client_secret -> ok"), "{stdout}");
+    assert!(sim.machine_devices(machine).is_empty());
+
+    args.extend(["--grant", http.as_str()]);
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    let serial = &sim.machine_devices(machine)[0].serial;
+    assert!(stdout.contains("add-resource: ok"), "{stdout}");
+    assert!(stdout.contains(serial.as_str()), "{stdout}");
+    assert!(stdout.contains("lookup v1 Node worker-0 -> ok"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "http PATCH {origin}/fabric_manager/api/v1/machines/{machine}/update"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" -> 200, "), "{stdout}");
+    assert!(stdout.contains("cost: "), "{stdout}");
+
+    // The same as JSON, for a check of this device given as a resource file.
+    let resource = dir.path().join("gpu.json");
+    std::fs::write(
+        &resource,
+        serde_json::json!({"name": "gpu-1", "device_type": "gpu", "model": "A100 40G",
+            "target_node": "worker-0", "device_id": serial})
+        .to_string(),
+    )
+    .unwrap();
+    let resource = resource.to_str().unwrap().to_string();
+    let at = args.iter().position(|a| *a == "add").unwrap();
+    args[at] = "check";
+    args.extend(["--resource", resource.as_str(), "--json"]);
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["ok"], "healthy");
+    assert_eq!(v["operation"], "check-resource");
+    let uses = v["trace"]["uses"].as_array().unwrap();
+    assert!(
+        uses.iter()
+            .any(|u| u["capability"] == "http" && u["status"] == 200),
+        "{v}"
+    );
+}
+
+#[test]
+fn provider_test_reports_and_exits_by_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let (junit, json) = (dir.path().join("r.xml"), dir.path().join("r.json"));
+    let fti = cro_test_support::component("fti-provider");
+    let (ok, stdout, stderr) = cro_str(&[
+        "provider",
+        "test",
+        fti.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("PASS lost-reply-retry"), "{stdout}");
+    assert!(stdout.contains("PASSED: 19 passed, 0 failed"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert!(
+        std::fs::read_to_string(&junit)
+            .unwrap()
+            .contains("failures=\"0\"")
+    );
+
+    // A provider that traps fails, with the reason on its line and a failing exit code.
+    let testkit = cro_test_support::component("cro-testkit");
+    let (ok, stdout, _) = cro_str(&[
+        "provider",
+        "test",
+        testkit.to_str().unwrap(),
+        "--fabric",
+        "fti",
+        "--config",
+        "mode=trap",
+    ]);
+    assert!(!ok, "{stdout}");
+    assert!(stdout.contains("FAIL attach"), "{stdout}");
+    assert!(
+        stdout.contains("provider trapped") && stdout.contains("testkit trap"),
+        "{stdout}"
+    );
+    // 0.1.0 without --fabric: refused with what to do.
+    let (ok, _, stderr) = cro_str(&["provider", "test", testkit.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("pass --fabric fti or --fabric redfish"),
+        "{stderr}"
+    );
+}
