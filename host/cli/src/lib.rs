@@ -3,6 +3,7 @@
 //! components: `inspect`, `call`, `test`, `new`).
 
 pub mod provider;
+pub mod scaffold;
 pub mod status;
 
 use std::fmt::Write as _;
@@ -66,7 +67,12 @@ pub enum ProviderCommand {
     /// `--endpoint` (non-destructive unless `--allow-attach`). One line per check, a
     /// summary, `--junit`/`--json` reports; exits non-zero when a check fails.
     Test(Box<provider::TestArgs>),
+    /// Scaffold a Rust provider on the SDK (Cargo.toml, src/lib.rs with unit tests, a
+    /// README with the build command) that passes `cro provider test` as generated.
+    New(scaffold::NewArgs),
 }
+
+
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
@@ -96,6 +102,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Provider(ProviderCommand::Inspect(args)) => inspect_command(&args),
         Command::Provider(ProviderCommand::Call(args)) => provider::call_command(&args),
         Command::Provider(ProviderCommand::Test(args)) => provider::test_command(&args),
+        Command::Provider(ProviderCommand::New(args)) => scaffold::new_command(&args),
     }
 }
 
