@@ -72,8 +72,6 @@ pub enum ProviderCommand {
     New(scaffold::NewArgs),
 }
 
-
-
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// The provider component (a `.wasm` file built for wasm32-wasip2).

@@ -82,8 +82,16 @@ pub fn new_command(args: &NewArgs) -> anyhow::Result<ExitCode> {
             args.name
         );
     }
-    let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from(&args.name));
-    if dir.exists() && dir.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&args.name));
+    if dir.exists()
+        && dir
+            .read_dir()
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
         bail!("{} exists and is not empty", dir.display());
     }
     let sdk = match &args.sdk_path {
@@ -94,7 +102,10 @@ pub fn new_command(args: &NewArgs) -> anyhow::Result<ExitCode> {
         .canonicalize()
         .with_context(|| format!("the SDK at {} (pass --sdk-path)", sdk.display()))?;
     if !sdk.join("Cargo.toml").is_file() {
-        bail!("{} holds no Cargo.toml: pass --sdk-path <cro checkout>/providers/sdk", sdk.display());
+        bail!(
+            "{} holds no Cargo.toml: pass --sdk-path <cro checkout>/providers/sdk",
+            sdk.display()
+        );
     }
     for (path, text) in render(&args.name, &args.vendor, &sdk) {
         let file = dir.join(path);
@@ -136,6 +147,10 @@ mod tests {
         let files = render("acme-gpu", "Acme", Path::new("/sdk"));
         let lib = &files[1].1;
         assert!(lib.contains("pub struct AcmeGpu<H: Host>"));
-        assert!(files[0].1.contains("cro-provider-sdk = { path = \"/sdk\" }"));
+        assert!(
+            files[0]
+                .1
+                .contains("cro-provider-sdk = { path = \"/sdk\" }")
+        );
     }
 }

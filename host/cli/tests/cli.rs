@@ -373,3 +373,101 @@ fn provider_test_reports_and_exits_by_the_result() {
         "{stderr}"
     );
 }
+
+/// The shell commands of the marked block of docs/vendors.md.
+fn guide_commands() -> Vec<String> {
+    let root = cro_test_support::workspace_root();
+    let guide = std::fs::read_to_string(root.join("docs/vendors.md")).unwrap();
+    let begin = guide
+        .find("<!-- vendor-guide:begin -->")
+        .expect("docs/vendors.md has no vendor-guide:begin marker");
+    let end = guide
+        .find("<!-- vendor-guide:end -->")
+        .expect("docs/vendors.md has no vendor-guide:end marker");
+    let block = &guide[begin..end];
+    let body = block
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the marked block holds a ```sh block");
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Follows docs/vendors.md literally: scaffold, unit tests, build, conformance report.
+/// Builds reuse the workspace's wasm target dir (its dependencies are built there) and
+/// resolve offline from the local registry cache.
+#[test]
+fn the_vendor_guide_runs_as_written() {
+    let commands = guide_commands();
+    assert!(
+        commands.iter().any(|c| c.starts_with("cro provider new"))
+            && commands.iter().any(|c| c.starts_with("cro provider test")),
+        "{commands:?}"
+    );
+    let work = tempfile::tempdir().unwrap();
+    let cro_dir = std::path::Path::new(env!("CARGO_BIN_EXE_cro"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(cro_dir).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    // One shell runs them all (the guide's `cd` carries over), stopping at the first
+    // failure, with each command echoed so a failure shows where it happened.
+    let script = format!("set -euxo pipefail\n{}\n", commands.join("\n"));
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(work.path())
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", cro_test_support::wasm_target_dir())
+        .env("CARGO_NET_OFFLINE", "true")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).map(|_| s)
+    });
+    let read_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).map(|_| s)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(900);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let stdout = read_out.join().unwrap().unwrap_or_default();
+    let stderr = read_err.join().unwrap().unwrap_or_default();
+    let status = status.unwrap_or_else(|| {
+        panic!("the guide's commands did not finish within 15 minutes\n{stdout}\n{stderr}")
+    });
+    assert!(
+        status.success(),
+        "a command of the guide failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("PASSED: "), "{stdout}");
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    assert!(stdout.contains("PASS lost-reply-retry"), "{stdout}");
+    let report = work.path().join("acme-gpu/report.json");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["provider"], "acme-gpu 0.1.0 by Acme");
+    assert!(work.path().join("acme-gpu/report.xml").is_file());
+}
