@@ -410,6 +410,48 @@ mod tests {
         assert_eq!(gate.denials().secret, 1);
     }
 
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<CapabilityUse>>, Mutex<Vec<CallStats>>);
+
+    impl CapabilityObserver for Seen {
+        fn capability_used(&self, event: CapabilityUse) {
+            self.0.lock().unwrap().push(event);
+        }
+        fn call_finished(&self, stats: CallStats) {
+            self.1.lock().unwrap().push(stats);
+        }
+    }
+
+    #[test]
+    fn an_observer_sees_each_use_and_nothing_is_built_without_one() {
+        let plain = gate();
+        assert_eq!(plain.start(), None);
+        plain.used(None, || panic!("built without an observer"));
+        plain.call_finished(|| panic!("built without an observer"));
+
+        let seen = Arc::new(Seen::default());
+        let observed = gate().with_observer(seen.clone());
+        let started = observed.start();
+        assert!(started.is_some());
+        observed.used(started, || {
+            (
+                CapabilityKind::Secret,
+                "password".into(),
+                UseOutcome::Denied("no".into()),
+            )
+        });
+        observed.call_finished(|| CallStats {
+            duration: std::time::Duration::from_millis(3),
+            peak_memory_bytes: 1 << 20,
+        });
+        let uses = seen.0.lock().unwrap();
+        assert_eq!(uses.len(), 1);
+        assert_eq!(uses[0].capability, CapabilityKind::Secret);
+        assert_eq!(uses[0].target, "password");
+        assert!(uses[0].denied());
+        assert_eq!(seen.1.lock().unwrap()[0].peak_memory_bytes, 1 << 20);
+    }
+
     #[test]
     fn no_grants_deny_everything() {
         let gate = Gate::new("p", Arc::new(Grants::default()));
