@@ -14,19 +14,20 @@
 //! does not need it (the fabric must then be given) and reports the two that do
 //! (`describe`, `declared-capabilities`) as skipped.
 
+mod checks;
 pub mod fabric;
 pub mod fti;
+mod lab;
 pub mod redfish;
 pub mod report;
+mod run;
 mod suite;
 pub mod trace;
 
 pub use fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
+pub use lab::{LabAttach, LabTarget, lab_attach as suite_lab_attach, run_lab};
 pub use report::{CheckResult, Report, Status, Summary};
-pub use suite::{
-    LabAttach, LabTarget, SuiteOptions, lab_attach as suite_lab_attach, run_lab, run_simulated,
-    tool_runtime_options,
-};
+pub use suite::{SuiteOptions, run_simulated, tool_runtime_options};
 pub use trace::{CallTrace, Recorder, UseRecord};
 
 /// Why the suite could not run at all (a check failing is a [`Report`], not this).

@@ -220,3 +220,78 @@ async fn junit_and_json_reports_parse_and_agree() {
         "{uses:?}"
     );
 }
+
+/// Against a "lab" fabric (here the simulator, driven only through the provider): the
+/// non-destructive checks pass and the destructive ones are skipped; with attaching
+/// allowed, a device is attached, checked and detached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lab_fabric_gets_only_non_destructive_checks_unless_allowed() {
+    use cro_conformance::fabric::Fabric as _;
+    use cro_conformance::fti::{FtiApi, FtiFabric};
+
+    let lab = FtiFabric::start(FtiApi::Fm).unwrap();
+    lab.add_node("lab-0");
+    let model = lab.add_free_devices(cro_runtime::DeviceType::Gpu, None, 2);
+    let component = cro_test_support::component("fti-provider");
+    let spec = serde_json::json!({
+        "name": "lab",
+        "component": component,
+        "config": lab.config(),
+        "grants": lab.grants(),
+    });
+    let spec =
+        cro_runtime::ProviderSpec::from_json(&spec.to_string(), std::path::Path::new("/")).unwrap();
+    let mut target = cro_conformance::LabTarget {
+        spec,
+        cluster: lab.cluster().clone(),
+        endpoint: lab.sim().endpoint(),
+        attach: None,
+    };
+    let opts = SuiteOptions::new(component);
+    let report = cro_conformance::run_lab(&opts, &target).await.unwrap();
+    assert_passes(&report);
+    assert!(
+        report.fabric.starts_with("lab https://127.0.0.1:"),
+        "{}",
+        report.fabric
+    );
+    for name in ["attach", "check", "detach", "detach-twice"] {
+        assert_eq!(
+            report.check(name).map(|c| c.status),
+            Some(Status::Skip),
+            "{name}"
+        );
+    }
+    for name in [
+        "get-resources",
+        "denied",
+        "declared-capabilities",
+        "resources",
+    ] {
+        assert_eq!(
+            report.check(name).map(|c| c.status),
+            Some(Status::Pass),
+            "{name}"
+        );
+    }
+    assert!(
+        lab.sim()
+            .machine_devices(&lab.sim().machines()[0].uuid)
+            .is_empty()
+    );
+
+    target.attach = Some(cro_conformance::suite_lab_attach(
+        "lab-0",
+        cro_runtime::DeviceType::Gpu,
+        model,
+    ));
+    let report = cro_conformance::run_lab(&opts, &target).await.unwrap();
+    assert_passes(&report);
+    for name in ["attach", "check", "detach", "detach-twice"] {
+        assert_eq!(
+            report.check(name).map(|c| c.status),
+            Some(Status::Pass),
+            "{name}"
+        );
+    }
+}
