@@ -453,6 +453,22 @@ pub(crate) fn finish(
     })
 }
 
+/// The origin a declared HTTP pattern names: `${key}` (or `{key}`, with or without a
+/// path after it such as `${endpoint}/redfish/v1/*`) is the origin of configuration key
+/// `key`; anything else is read as a URL.
+pub(crate) fn declared_origin(
+    pattern: &str,
+    config: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    let templated = pattern
+        .strip_prefix("${")
+        .or_else(|| pattern.strip_prefix('{'));
+    match templated.and_then(|rest| rest.split_once('}')) {
+        Some((key, _path)) => config.get(key).and_then(|v| origin(v)),
+        None => origin(pattern),
+    }
+}
+
 /// The origin (`scheme://host:port`) of a URL or of a configured endpoint (FTI's
 /// `host:port/` means HTTPS).
 pub(crate) fn origin(text: &str) -> Option<String> {
@@ -478,12 +494,7 @@ pub(crate) fn declared_verdict(run: &Run) -> Verdict {
     let origins: Vec<String> = wants
         .http
         .iter()
-        .filter_map(
-            |p| match p.strip_prefix("${").and_then(|k| k.strip_suffix('}')) {
-                Some(key) => run.config.get(key).and_then(|v| origin(v)),
-                None => origin(p),
-            },
-        )
+        .filter_map(|p| declared_origin(p, &run.config))
         .collect();
     let mut undeclared = Vec::new();
     for u in &run.uses {
@@ -592,6 +603,27 @@ mod tests {
         assert_eq!(
             origin("http://127.0.0.1/").as_deref(),
             Some("http://127.0.0.1:80")
+        );
+    }
+
+    #[test]
+    fn declared_patterns_resolve_against_the_config() {
+        let config = BTreeMap::from([("endpoint".to_string(), "http://127.0.0.1:9/".to_string())]);
+        for p in [
+            "${endpoint}",
+            "${endpoint}/redfish/v1/*",
+            "{endpoint}/redfish/v1/*",
+        ] {
+            assert_eq!(
+                declared_origin(p, &config).as_deref(),
+                Some("http://127.0.0.1:9"),
+                "{p}"
+            );
+        }
+        assert_eq!(declared_origin("${other}", &config), None);
+        assert_eq!(
+            declared_origin("https://idm.example:8443", &config).as_deref(),
+            Some("https://idm.example:8443")
         );
     }
 

@@ -146,3 +146,46 @@ pub trait Fabric: Send + Sync {
     /// Puts the device's health to warning (`true`) or back to OK.
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cro_runtime::domain::{ConfigKey, WantedCapabilities};
+
+    fn info(name: &str, vendor: &str, http: &[&str], config: &[&str]) -> ProviderInfo {
+        ProviderInfo {
+            name: name.into(),
+            vendor: vendor.into(),
+            version: "1".into(),
+            devices: Vec::new(),
+            capabilities: WantedCapabilities {
+                http: http.iter().map(|h| h.to_string()).collect(),
+                ..WantedCapabilities::default()
+            },
+            config: config
+                .iter()
+                .map(|k| ConfigKey {
+                    name: k.to_string(),
+                    required: true,
+                    description: String::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_fabric_comes_from_what_a_provider_declares() {
+        let redfish = info("x", "y", &["${endpoint}/redfish/v1/*"], &["endpoint"]);
+        assert_eq!(FabricKind::from_info(&redfish), Some(FabricKind::Redfish));
+        let fm = info("x", "y", &["https://f:1/fabric_manager/api"], &[]);
+        assert_eq!(FabricKind::from_info(&fm), Some(FabricKind::Fti));
+        let keys = info("acme", "Acme", &["${endpoint}"], &["endpoint", "tenant_id"]);
+        assert_eq!(FabricKind::from_info(&keys), Some(FabricKind::Fti));
+        let named = info("redfish", "DMTF Redfish", &["${endpoint}"], &["endpoint"]);
+        assert_eq!(FabricKind::from_info(&named), Some(FabricKind::Redfish));
+        let unknown = info("acme", "Acme", &["${endpoint}"], &["endpoint"]);
+        assert_eq!(FabricKind::from_info(&unknown), None);
+        assert_eq!(FabricKind::parse("Redfish"), Some(FabricKind::Redfish));
+        assert_eq!(FabricKind::parse("sunfish"), None);
+    }
+}
