@@ -295,3 +295,52 @@ async fn a_lab_fabric_gets_only_non_destructive_checks_unless_allowed() {
         );
     }
 }
+
+/// The Redfish driver follows the Redfish provider's conventions (docs/redfish-api.md):
+/// a system per node named by `redfish://<system>`, the session credentials in the
+/// granted Secret, the endpoint's origin granted; until that provider is merged this
+/// checks the driver's side alone.
+#[test]
+fn the_redfish_driver_sets_up_what_the_redfish_provider_expects() {
+    use cro_conformance::fabric::Fabric as _;
+    use cro_conformance::redfish::RedfishFabric;
+    use cro_runtime::cluster::ClusterReader as _;
+
+    let fabric = RedfishFabric::start().unwrap();
+    let system = fabric.add_node("worker-0");
+    assert!(fabric.sim().system(&system).is_some());
+    let model = fabric.add_free_devices(cro_runtime::DeviceType::Gpu, None, 2);
+    assert_eq!(model, cro_conformance::redfish::DEFAULT_GPU_MODEL);
+    assert!(fabric.attached(&system).is_empty());
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let node = rt
+        .block_on(fabric.cluster().get_object("v1", "Node", None, "worker-0"))
+        .unwrap();
+    assert_eq!(node["spec"]["providerID"], format!("redfish://{system}"));
+    let grants = fabric.grants();
+    let secret = rt
+        .block_on(fabric.cluster().get_secret(
+            grants["secret"]["namespace"].as_str().unwrap(),
+            grants["secret"]["name"].as_str().unwrap(),
+        ))
+        .unwrap();
+    let (user, password) = fabric.sim().credentials();
+    assert_eq!(secret["username"], user.into_bytes());
+    assert_eq!(secret["password"], password.into_bytes());
+    let config = fabric.config();
+    assert_eq!(config["endpoint"], fabric.sim().endpoint());
+    let spec = serde_json::json!({
+        "name": "redfish", "component": "x.wasm", "config": config, "grants": grants,
+    });
+    let spec =
+        cro_runtime::ProviderSpec::from_json(&spec.to_string(), std::path::Path::new("/")).unwrap();
+    let url: url::Url = format!("{}/redfish/v1/Systems", fabric.sim().endpoint())
+        .parse()
+        .unwrap();
+    assert!(spec.grants.http_grant_for(&url).is_some());
+    assert!(fabric.set_warning("no-such-block", true).is_err());
+}
