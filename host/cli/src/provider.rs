@@ -80,19 +80,25 @@ pub struct CallArgs {
     /// The resource's name.
     #[arg(long)]
     pub name: Option<String>,
+    /// The resource's device type.
     #[arg(long = "type", value_name = "gpu|cxlmemory")]
     pub device_type: Option<String>,
+    /// The resource's model.
     #[arg(long)]
     pub model: Option<String>,
     /// The node the device is (to be) attached to.
     #[arg(long)]
     pub target_node: Option<String>,
+    /// The device's id (its serial), once attached.
     #[arg(long)]
     pub device_id: Option<String>,
+    /// The fabric's id of the device, once attached.
     #[arg(long)]
     pub fabric_device_id: Option<String>,
+    /// The fabric machine the device was attached to, when recorded.
     #[arg(long)]
     pub machine_id: Option<String>,
+    /// Detach even if the device is in use.
     #[arg(long)]
     pub force_detach: bool,
     /// The attach's attempt key (default: the resource's name).
@@ -127,8 +133,10 @@ pub struct TestArgs {
     /// Against `--endpoint` with `--allow-attach`: the node to attach to.
     #[arg(long)]
     pub target_node: Option<String>,
+    /// Against `--endpoint` with `--allow-attach`: the type of device to attach.
     #[arg(long = "type", value_name = "gpu|cxlmemory", default_value = "gpu")]
     pub device_type: String,
+    /// Against `--endpoint` with `--allow-attach`: the model to attach.
     #[arg(long)]
     pub model: Option<String>,
     #[command(flatten)]
