@@ -471,3 +471,76 @@ fn the_vendor_guide_runs_as_written() {
     assert_eq!(report["provider"], "acme-gpu 0.1.0 by Acme");
     assert!(work.path().join("acme-gpu/report.xml").is_file());
 }
+
+#[test]
+fn provider_test_against_a_lab_endpoint_is_non_destructive_unless_allowed() {
+    let sim = fabric_sim::FabricSim::start(fabric_sim::SimConfig::default()).unwrap();
+    let machine = "0b1c2d3e-0000-4000-8000-0000000c0002";
+    sim.add_machine(machine, "lab-0");
+    sim.add_free_devices("gpu", "A100 40G", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem()).unwrap();
+    // What the provider looks up, as a file of objects.
+    let objects = dir.path().join("objects.yaml");
+    std::fs::write(
+        &objects,
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: lab-0}}\nspec: {{providerID: 'fsas-cdi://{machine}'}}\n"
+        ),
+    )
+    .unwrap();
+    let creds = sim.credentials();
+    let fti = cro_test_support::component("fti-provider");
+    let (endpoint, tenant) = (sim.endpoint(), format!("tenant_id={}", sim.tenant_id()));
+    let http = format!("http=https://{},ca={}", sim.https_addr(), ca.display());
+    let secrets = [
+        format!("username={}", creds.username),
+        format!("password={}", creds.password),
+        format!("client_id={}", creds.client_id),
+        format!("client_secret={}", creds.client_secret),
+        "realm=fti".to_string(),
+    ];
+    let mut args = vec![
+        "provider",
+        "test",
+        fti.to_str().unwrap(),
+        "--endpoint",
+        &endpoint,
+        "--config",
+        "api_type=FM",
+        "--config",
+        &tenant,
+        "--grant",
+        &http,
+        "--grant",
+        "secret=ns/creds:username,password,client_id,client_secret,realm",
+        "--grant",
+        "lookup=v1/Node",
+        "--grant",
+        "clocks",
+        "--objects",
+        objects.to_str().unwrap(),
+    ];
+    for s in &secrets {
+        args.extend(["--secret", s.as_str()]);
+    }
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("SKIP attach"), "{stdout}");
+    assert!(stdout.contains("PASS get-resources"), "{stdout}");
+    assert!(sim.machine_devices(machine).is_empty(), "nothing attached");
+
+    args.extend([
+        "--allow-attach",
+        "--target-node",
+        "lab-0",
+        "--model",
+        "A100 40G",
+    ]);
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("PASS attach"), "{stdout}");
+    assert!(stdout.contains("PASS detach-twice"), "{stdout}");
+    assert!(sim.machine_devices(machine).is_empty(), "detached again");
+}
