@@ -408,6 +408,9 @@ fn the_vendor_guide_runs_as_written() {
             && commands.iter().any(|c| c.starts_with("cro provider test")),
         "{commands:?}"
     );
+    // The scaffold resolves its dependencies offline: building a workspace component
+    // first puts the SDK's wasm dependencies (wit-bindgen and the rest) into the cache.
+    cro_test_support::component("fti-provider");
     let work = tempfile::tempdir().unwrap();
     let cro_dir = std::path::Path::new(env!("CARGO_BIN_EXE_cro"))
         .parent()
