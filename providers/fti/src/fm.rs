@@ -1,5 +1,20 @@
 //! The Fabric Manager API: synchronous attach (PATCH), detach (DELETE) and machine
 //! reads (GET) under `fabric_manager/api/v1/machines/<machine>`, with `tenant_uuid`.
+//!
+//! An attach is retried when its reply was lost: the fabric attached a device, but
+//! neither the provider nor the operator learned which. A retry that simply attached
+//! again would leave that device on the machine, held by no ComposableResource. So
+//! an attach that knows the cluster's claims (contract 0.2.0) first looks at the
+//! machine: a device of the requested type and model that no ComposableResource holds
+//! (the request's claims) and that this provider has not just handed to another
+//! resource (its hand-out record in the host's state store, which covers the moment
+//! between an attach and the operator storing the ids) is adopted instead of attaching
+//! another. The attempt key is not used: the Fabric Manager attaches synchronously and
+//! any unclaimed device of the model serves the resource equally, so the claims and
+//! the hand-out record already say everything a per-attempt record would, and they do
+//! not depend on provider state surviving. A contract 0.1.0 host passes no claims: the
+//! provider cannot tell an orphan from another resource's device and always attaches
+//! (docs/fti-fabric-api.md, "Retried attaches").
 
 use serde::Deserialize;
 use serde_json::json;
@@ -10,9 +25,38 @@ use crate::health::{self, OpStatus};
 use crate::host::{Host, LogLevel, Method};
 use crate::lenient::{self, present};
 use crate::model::{
-    AddOutcome, AttachedDevice, ComposableResource, DeviceInfo, DeviceType, ProviderError,
-    RemoveOutcome,
+    AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
+    ProviderError, RemoveOutcome,
 };
+
+/// How long a handed-out device stays reserved for its resource; the operator stores
+/// the ids at once, so this only has to outlast one reconcile.
+const HANDOUT_TTL_MS: u64 = 60 * 60 * 1000;
+
+fn handout_key(device_id: &str) -> String {
+    format!("fti/fm/handout/{device_id}")
+}
+
+/// The resource this provider last handed `device_id` to, if it remembers.
+fn handed_to(host: &(impl Host + ?Sized), device_id: &str) -> Option<String> {
+    host.state_get(&handout_key(device_id))
+        .and_then(|v| String::from_utf8(v).ok())
+}
+
+/// Records that `device_id` is `resource`'s. The device is the resource's either way,
+/// so a refused store is only logged: it weakens the guard, it does not fail the attach.
+fn hand_out(host: &(impl Host + ?Sized), device_id: &str, resource: &str) {
+    if !host.state_set(
+        &handout_key(device_id),
+        resource.as_bytes(),
+        Some(HANDOUT_TTL_MS),
+    ) {
+        host.log(
+            LogLevel::Warn,
+            &format!("the host refused to record that device {device_id} is {resource}'s"),
+        );
+    }
+}
 
 #[derive(Deserialize, Default, Debug)]
 pub struct MachinesReply {
@@ -149,11 +193,58 @@ fn pick_machine(reply: MachinesReply, machine: &str) -> Result<Machine, Provider
     Ok(machines.swap_remove(at))
 }
 
+/// Whether a device on the machine may be adopted for the request: of the requested
+/// type and model, with both ids, not held by another ComposableResource, not handed
+/// by this provider to another resource, and not critical (a critical orphan is left
+/// for an administrator; the resource gets a healthy device).
+fn adoptable<'a>(
+    machine: &'a Machine,
+    req: &AddRequest,
+    handed_to: impl Fn(&str) -> Option<String>,
+) -> Option<&'a Resource> {
+    let r = &req.resource;
+    machine.resources.iter().find(|res| {
+        let (Some(serial), Some(uuid)) = (present(&res.res_serial_num), present(&res.res_uuid))
+        else {
+            return false;
+        };
+        res.matches(r)
+            && !req.claimed_by_another(serial)
+            && !req.claimed_by_another(uuid)
+            && handed_to(serial).is_none_or(|owner| owner == r.name)
+            && !matches!(
+                health::parse(res.res_op_status.as_deref(), serial),
+                Ok(OpStatus::Critical) | Err(_)
+            )
+    })
+}
+
+/// Attaches a device for the request. With `known_claims` (a contract 0.2.0 host) a
+/// device a lost reply left on the machine is adopted first (see the module docs).
 pub fn add<H: Host + ?Sized>(
     f: &Fabric<'_, H>,
-    r: &ComposableResource,
+    req: &AddRequest,
     machine: &str,
+    known_claims: bool,
 ) -> Result<AddOutcome, ProviderError> {
+    let r = &req.resource;
+    if known_claims {
+        let m = read_machine(f, machine)?;
+        if let Some(res) = adoptable(&m, req, |id| handed_to(f.host(), id)) {
+            let outcome = outcome_of(f, res, r, machine)?;
+            f.host().log(
+                LogLevel::Info,
+                &format!(
+                    "machine {machine} already holds unclaimed {} '{}' {}; adopted for {} instead of attaching another (an earlier attach's reply was lost)",
+                    r.device_type,
+                    r.model,
+                    present(&res.res_serial_num).unwrap_or_default(),
+                    r.name
+                ),
+            );
+            return Ok(outcome);
+        }
+    }
     let body = json!({"tenants": {
         "tenant_uuid": f.config().tenant_id,
         "machines": [{
@@ -185,6 +276,17 @@ pub fn add<H: Host + ?Sized>(
             r.model
         )));
     }
+    outcome_of(f, &res, r, machine)
+}
+
+/// The resource's outcome for a device on the machine (attached or adopted), recorded
+/// as handed out to it.
+fn outcome_of<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    res: &Resource,
+    r: &ComposableResource,
+    machine: &str,
+) -> Result<AddOutcome, ProviderError> {
     let serial = present(&res.res_serial_num)
         .ok_or_else(|| ProviderError::malformed("attached resource has no res_serial_num"))?;
     let uuid = present(&res.res_uuid)
@@ -201,6 +303,7 @@ pub fn add<H: Host + ?Sized>(
             )));
         }
     }
+    hand_out(f.host(), serial, &r.name);
     Ok(AddOutcome::Attached(AttachedDevice {
         device_id: serial.to_string(),
         fabric_device_id: uuid.to_string(),
@@ -249,6 +352,9 @@ pub fn remove<H: Host + ?Sized>(
         }],
     }});
     f.call(Method::Delete, &update_path(f, machine), Some(&body))?;
+    if let Some(serial) = present(&res.res_serial_num) {
+        f.host().state_remove(&handout_key(serial));
+    }
     Ok(RemoveOutcome::Removed)
 }
 
@@ -332,6 +438,89 @@ mod tests {
         assert_eq!(m.resources[0].res_op_status.as_deref(), Some("0"));
         assert_eq!(m.resources[0].kind(), Some(DeviceType::Gpu));
         assert!(m.resources[0].conditions().is_empty());
+    }
+
+    fn machine_with(devices: &[(&str, &str, &str, &str)]) -> Machine {
+        let resources: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|(serial, res_type, model, status)| {
+                json!({"res_uuid": format!("uuid-{serial}"), "res_serial_num": serial,
+                    "res_type": res_type, "res_op_status": status,
+                    "res_spec": {"condition": [{"column": "model", "operator": "eq", "value": model}]}})
+            })
+            .collect();
+        serde_json::from_value(json!({"mach_uuid": "m", "resources": resources})).unwrap()
+    }
+
+    fn request(name: &str, claims: &[(&str, &str)]) -> AddRequest {
+        let mut req = AddRequest::new(ComposableResource {
+            name: name.into(),
+            device_type: DeviceType::Gpu,
+            model: "A100".into(),
+            target_node: "n".into(),
+            device_id: None,
+            fabric_device_id: None,
+            machine_id: None,
+            force_detach: false,
+        });
+        req.claims = claims
+            .iter()
+            .map(|(resource, id)| crate::model::Claim {
+                resource: resource.to_string(),
+                device_id: Some(id.to_string()),
+                fabric_device_id: None,
+            })
+            .collect();
+        req
+    }
+
+    fn adopted(m: &Machine, req: &AddRequest, handed: &[(&str, &str)]) -> Option<String> {
+        adoptable(m, req, |id| {
+            handed
+                .iter()
+                .find(|(d, _)| *d == id)
+                .map(|(_, owner)| owner.to_string())
+        })
+        .and_then(|res| res.res_serial_num.clone())
+    }
+
+    #[test]
+    fn adopts_an_unclaimed_device_of_the_model_only() {
+        let m = machine_with(&[
+            ("held", "gpu", "A100", "0"),
+            ("other-model", "gpu", "H100", "0"),
+            ("memory", "cxlmemory", "A100", "0"),
+            ("orphan", "gpu", "A100", "0"),
+        ]);
+        let req = request("mine", &[("theirs", "held")]);
+        assert_eq!(adopted(&m, &req, &[]).as_deref(), Some("orphan"));
+        // Claimed by the fabric id works as well as by the serial.
+        let mut by_uuid = request("mine", &[]);
+        by_uuid.claims.push(crate::model::Claim {
+            resource: "theirs".into(),
+            device_id: None,
+            fabric_device_id: Some("uuid-held".into()),
+        });
+        assert_eq!(adopted(&m, &by_uuid, &[]).as_deref(), Some("orphan"));
+        // Every matching device held: nothing to adopt, attach a new one.
+        let all_held = request("mine", &[("theirs", "held"), ("else", "orphan")]);
+        assert_eq!(adopted(&m, &all_held, &[]), None);
+    }
+
+    #[test]
+    fn a_device_handed_to_another_resource_or_critical_is_not_adopted() {
+        let m = machine_with(&[("a", "gpu", "A100", "0"), ("b", "gpu", "A100", "2")]);
+        let req = request("mine", &[]);
+        // Handed to another resource whose ids the operator has not stored yet.
+        assert_eq!(adopted(&m, &req, &[("a", "theirs")]), None);
+        // Handed to this resource: a retry gets it back.
+        assert_eq!(adopted(&m, &req, &[("a", "mine")]).as_deref(), Some("a"));
+        // The resource's own claim does not keep it from its device.
+        let own = request("mine", &[("mine", "a")]);
+        assert_eq!(adopted(&m, &own, &[]).as_deref(), Some("a"));
+        // The critical device is left alone.
+        let m = machine_with(&[("b", "gpu", "A100", "2"), ("c", "gpu", "A100", "")]);
+        assert_eq!(adopted(&m, &req, &[]), None);
     }
 
     #[test]

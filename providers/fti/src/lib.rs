@@ -62,19 +62,26 @@ impl<H: Host> Fti<H> {
 
     /// Attach a device of the resource's type and model to its target node, knowing
     /// no claims (what a contract 0.1.0 host asks).
+    /// Without claims the Fabric Manager attach cannot tell a device a lost reply left
+    /// behind from another resource's, so it always attaches a new one.
     pub fn add_resource(&self, r: &ComposableResource) -> Result<AddOutcome, ProviderError> {
-        self.add(&AddRequest::new(r.clone()))
+        self.attach(&AddRequest::new(r.clone()), false)
     }
 
     /// Attach a device for the request; its claims keep another resource's device from
-    /// being taken for this one (Cluster Manager).
+    /// being taken for this one, and let a retry after a lost reply adopt the device
+    /// that attach left unclaimed instead of attaching a second one.
     pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, ProviderError> {
+        self.attach(req, true)
+    }
+
+    fn attach(&self, req: &AddRequest, known_claims: bool) -> Result<AddOutcome, ProviderError> {
         let r = &req.resource;
         let cfg = Config::load(&self.host)?;
         let machine = machine::of_node(&self.host, &cfg, &r.target_node)?;
         let f = Fabric::new(&self.host, &cfg);
         match cfg.api_type {
-            ApiType::Fm => fm::add(&f, r, &machine),
+            ApiType::Fm => fm::add(&f, req, &machine, known_claims),
             ApiType::Cm => cm::add(&f, req, &machine),
         }
     }
