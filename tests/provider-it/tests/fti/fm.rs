@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use cro_runtime::{DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
+use cro_runtime::{AddRequest, Claim, DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
 use fabric_sim::{Fault, Route, codes};
-use provider_it::{Api, Fixture, MODEL};
+use provider_it::{Api, Build, Fixture, MODEL};
 use serde_json::json;
 
 use crate::*;
@@ -39,6 +39,55 @@ async fn attach_returns_the_simulators_serial_and_fabric_uuid() {
             ["condition"][0]["value"],
         MODEL
     );
+}
+
+/// The fabric attaches but its reply is lost: the retry (same attempt key, the claims of
+/// the cluster) adopts the device the lost reply left instead of attaching a second one,
+/// and never takes the device another resource holds. A contract 0.1.0 host passes no
+/// claims, so that build attaches again (documented in docs/fti-fabric-api.md).
+#[tokio::test]
+async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
+    let fx = fm().await;
+    let machine = fx.add_provider_id_node("worker-0");
+    let (serial_a, uuid_a) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let mut req = AddRequest::new(fx.gpu("gpu-b", "worker-0"));
+    req.attempt_key = "gpu-b-attempt-1".into();
+    req.claims = vec![Claim {
+        resource: "gpu-a".into(),
+        device_id: Some(serial_a.clone()),
+        fabric_device_id: Some(uuid_a),
+    }];
+
+    fx.sim.inject(Fault::DropAfterProcessing.on(Route::FmAttach));
+    let lost = fx.provider.add(&req).await;
+    assert!(lost.is_err(), "the reply was dropped: {lost:?}");
+    fx.sim.clear_faults();
+    let left = fx.sim.machine_devices(&machine);
+    assert_eq!(left.len(), 2, "the fabric acted on the lost request");
+    let orphan = left
+        .iter()
+        .find(|d| d.serial != serial_a)
+        .map(|d| d.serial.clone())
+        .unwrap();
+
+    let (serial_b, _) = attached(fx.provider.add(&req).await);
+    match fx.build {
+        Build::V0_2 => {
+            assert_eq!(serial_b, orphan, "the retry adopts the orphan");
+            assert_eq!(fx.sim.machine_devices(&machine).len(), 2);
+            assert_eq!(fx.sim.requests_to(Route::FmAttach).len(), 2, "no third attach");
+            // A later attach of another resource gets a new device, not b's.
+            let (serial_c, _) =
+                attached(fx.provider.add_resource(&fx.gpu("gpu-c", "worker-0")).await);
+            assert!(serial_c != serial_a && serial_c != serial_b);
+            assert_eq!(fx.sim.machine_devices(&machine).len(), 3);
+        }
+        Build::V0_1 => {
+            assert_ne!(serial_b, orphan);
+            assert_ne!(serial_b, serial_a);
+            assert_eq!(fx.sim.machine_devices(&machine).len(), 3);
+        }
+    }
 }
 
 #[tokio::test]
@@ -185,8 +234,16 @@ async fn each_injected_fault_gives_a_typed_error() {
         .await;
     fx.sim.add_free_devices("gpu", MODEL, 10);
     fx.add_provider_id_node("worker-0");
-    let gpu = fx.gpu("gpu-a", "worker-0");
-    let add = || fx.provider.add_resource(&gpu);
+    // Each attach is a new resource's: a resource asking again would get back a device
+    // a faulted attach left on the machine (a retry after a lost reply) and not reach
+    // the next fault.
+    let attaches = std::cell::Cell::new(0);
+    let fxr = &fx;
+    let add = || {
+        attaches.set(attaches.get() + 1);
+        let gpu = fxr.gpu(&format!("gpu-{}", attaches.get()), "worker-0");
+        async move { fxr.provider.add_resource(&gpu).await }
+    };
 
     fx.sim
         .inject(Fault::error(409, "E0001", "machine busy").on(Route::FmAttach));
@@ -240,6 +297,15 @@ async fn each_injected_fault_gives_a_typed_error() {
         provider_error(add().await),
         ProviderError::MalformedReply(_)
     ));
+    // The fabric attached before its reply broke: the next attach (0.2.0) adopts that
+    // unclaimed device instead of sending another PATCH; a 0.1.0 one attaches anew.
+    let patches = fx.sim.requests_to(Route::FmAttach).len();
+    attached(add().await);
+    let sent = fx.sim.requests_to(Route::FmAttach).len() - patches;
+    match fx.build {
+        Build::V0_2 => assert_eq!(sent, 0, "the device the malformed reply left is adopted"),
+        Build::V0_1 => assert_eq!(sent, 1),
+    }
 
     for op in ["", "x", "3"] {
         fx.sim
