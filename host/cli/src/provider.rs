@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
-use cro_conformance::{FabricKind, LabTarget, Recorder, SuiteOptions, UseRecord};
+use cro_conformance::{FabricKind, FtiApi, LabTarget, Recorder, SuiteOptions, UseRecord};
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, AddRequest, CallError, CapabilityReport, Claim, ComposableResource, DeviceType,
@@ -122,6 +122,11 @@ pub struct TestArgs {
     /// The simulated fabric (default: chosen from the provider's describe()).
     #[arg(long, value_name = "fti|redfish")]
     pub fabric: Option<String>,
+    /// For an FTI provider: the simulated API to run against (default: `cm` when the
+    /// provider declares the config key `cluster_id`, else `fm`). A provider that
+    /// supports both is certified with one run each.
+    #[arg(long, value_name = "fm|cm", conflicts_with = "endpoint")]
+    pub fti_api: Option<String>,
     /// A vendor's own fabric instead of a simulator: only non-destructive checks run
     /// unless `--allow-attach`. The spec comes from `--spec` or `--config`/`--grant`
     /// (`endpoint` is configured to this URL unless set).
@@ -554,6 +559,12 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
         Some(f) => Some(
             FabricKind::parse(f)
                 .with_context(|| format!("--fabric must be fti or redfish, not {f:?}"))?,
+        ),
+    };
+    opts.fti_api = match &args.fti_api {
+        None => None,
+        Some(a) => Some(
+            FtiApi::parse(a).with_context(|| format!("--fti-api must be fm or cm, not {a:?}"))?,
         ),
     };
     opts.config = args.spec.config()?;

@@ -30,6 +30,24 @@ pub enum FtiApi {
     Cm,
 }
 
+impl FtiApi {
+    /// `fm` or `cm` (any case), as `--fti-api` and FTI's own `api_type` spell them.
+    pub fn parse(s: &str) -> Option<FtiApi> {
+        match s.to_ascii_lowercase().as_str() {
+            "fm" => Some(FtiApi::Fm),
+            "cm" => Some(FtiApi::Cm),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FtiApi::Fm => "fm",
+            FtiApi::Cm => "cm",
+        }
+    }
+}
+
 /// Where OpenShift keeps Machines and BareMetalHosts.
 const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
 /// How long a Cluster Manager resize takes unless made slow.

@@ -25,9 +25,10 @@ mod suite;
 pub mod trace;
 
 pub use fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
+pub use fti::FtiApi;
 pub use lab::{LabAttach, LabTarget, lab_attach as suite_lab_attach, run_lab};
 pub use report::{CheckResult, Report, Status, Summary};
-pub use suite::{SuiteOptions, run_simulated, tool_runtime_options};
+pub use suite::{SuiteOptions, default_fti_api, run_simulated, tool_runtime_options};
 pub use trace::{CallTrace, Recorder, UseRecord};
 
 /// Why the suite could not run at all (a check failing is a [`Report`], not this).
@@ -48,4 +49,6 @@ pub enum SuiteError {
     NoFabric(String),
     #[error("provider spec: {0}")]
     Spec(String),
+    #[error("an FTI API (--fti-api) was chosen for a {0} provider; it applies to FTI only")]
+    FtiApiForOtherFabric(&'static str),
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cro_runtime::{Claim, Runtime, RuntimeOptions};
+use cro_runtime::{Claim, ProviderInfo, Runtime, RuntimeOptions};
 use serde_json::json;
 
 use crate::SuiteError;
@@ -21,6 +21,9 @@ pub struct SuiteOptions {
     pub component: PathBuf,
     /// The fabric; `None`: chosen from `describe()`.
     pub fabric: Option<FabricKind>,
+    /// The FTI API to run an FTI provider against; `None`: the Cluster Manager when the
+    /// provider declares the config key `cluster_id`, else the Fabric Manager.
+    pub fti_api: Option<FtiApi>,
     /// Configuration keys set on top of what the fabric's driver configures.
     pub config: BTreeMap<String, String>,
     /// The provider's `limits.call_timeout_ms`.
@@ -37,6 +40,7 @@ impl SuiteOptions {
         SuiteOptions {
             component: component.into(),
             fabric: None,
+            fti_api: None,
             config: BTreeMap::new(),
             call_timeout_ms: 10_000,
             deadline_ms: 2_000,
@@ -55,6 +59,16 @@ pub fn tool_runtime_options() -> RuntimeOptions {
         max_memories_per_component: 8,
         max_tables_per_component: 8,
         ..RuntimeOptions::default()
+    }
+}
+
+/// The FTI API a provider is run against unless one is asked for: the Cluster Manager
+/// (asynchronous, with claims) when it can use it (it takes a `cluster_id`), else the
+/// Fabric Manager. A provider that supports both is certified on each with `fti_api`.
+pub fn default_fti_api(info: Option<&ProviderInfo>) -> FtiApi {
+    match info {
+        Some(i) if i.config.iter().any(|k| k.name == "cluster_id") => FtiApi::Cm,
+        _ => FtiApi::Fm,
     }
 }
 
@@ -78,12 +92,12 @@ pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
             ));
         }
     };
-    // A provider that can use the FTI Cluster Manager (it takes a `cluster_id`) is run
-    // against it: asynchronous, with claims; otherwise the Fabric Manager API.
-    let fti_api = match &info {
-        Some(i) if i.config.iter().any(|k| k.name == "cluster_id") => FtiApi::Cm,
-        _ => FtiApi::Fm,
-    };
+    if let (Some(_), FabricKind::Redfish) = (opts.fti_api, kind) {
+        return Err(SuiteError::FtiApiForOtherFabric(kind.as_str()));
+    }
+    let fti_api = opts
+        .fti_api
+        .unwrap_or_else(|| default_fti_api(info.as_ref()));
     let fabric: Box<dyn Fabric> = match kind {
         FabricKind::Fti => Box::new(FtiFabric::start(fti_api)?),
         FabricKind::Redfish => Box::new(RedfishFabric::start()?),

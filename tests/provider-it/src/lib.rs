@@ -18,8 +18,9 @@
 
 pub mod python;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use cro_runtime::cluster::StaticCluster;
@@ -124,18 +125,48 @@ pub fn component_bytes() -> Arc<Vec<u8>> {
 }
 
 /// A build's component, built once per process.
+///
+/// The 0.1.0 fixture depends on `fti-provider` without its `component` feature, and
+/// cargo builds a dependency's `cdylib` too: building the fixture overwrites
+/// `fti_provider.wasm` with a component that exports nothing. So both builds are built
+/// and read under one lock, and tests that need a file use [`component_file_of`].
 pub fn component_bytes_of(build: Build) -> Arc<Vec<u8>> {
     static BYTES: [OnceLock<Arc<Vec<u8>>>; 2] = [OnceLock::new(), OnceLock::new()];
+    static BUILDING: Mutex<()> = Mutex::new(());
     let slot = match build {
         Build::V0_2 => &BYTES[0],
         Build::V0_1 => &BYTES[1],
     };
+    let _building = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     slot.get_or_init(|| {
         let path = cro_test_support::component(build.package());
         match std::fs::read(&path) {
             Ok(b) => Arc::new(b),
             Err(e) => panic!("cannot read {}: {e}", path.display()),
         }
+    })
+    .clone()
+}
+
+/// A build's component as a file of this process's own (for tools that take a path,
+/// such as the conformance suite): a copy of [`component_bytes_of`], which another
+/// build cannot overwrite.
+pub fn component_file_of(build: Build) -> PathBuf {
+    static FILES: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = match build {
+        Build::V0_2 => &FILES[0],
+        Build::V0_1 => &FILES[1],
+    };
+    slot.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!(
+            "cro-provider-it-{}-{}.wasm",
+            std::process::id(),
+            build.package()
+        ));
+        if let Err(e) = std::fs::write(&path, component_bytes_of(build).as_slice()) {
+            panic!("cannot write {}: {e}", path.display());
+        }
+        path
     })
     .clone()
 }

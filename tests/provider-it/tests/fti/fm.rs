@@ -58,7 +58,8 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
         fabric_device_id: Some(uuid_a),
     }];
 
-    fx.sim.inject(Fault::DropAfterProcessing.on(Route::FmAttach));
+    fx.sim
+        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
     let lost = fx.provider.add(&req).await;
     assert!(lost.is_err(), "the reply was dropped: {lost:?}");
     fx.sim.clear_faults();
@@ -75,7 +76,11 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
         Build::V0_2 => {
             assert_eq!(serial_b, orphan, "the retry adopts the orphan");
             assert_eq!(fx.sim.machine_devices(&machine).len(), 2);
-            assert_eq!(fx.sim.requests_to(Route::FmAttach).len(), 2, "no third attach");
+            assert_eq!(
+                fx.sim.requests_to(Route::FmAttach).len(),
+                2,
+                "no third attach"
+            );
             // A later attach of another resource gets a new device, not b's.
             let (serial_c, _) =
                 attached(fx.provider.add_resource(&fx.gpu("gpu-c", "worker-0")).await);
