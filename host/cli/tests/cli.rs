@@ -347,6 +347,28 @@ fn provider_test_reports_and_exits_by_the_result() {
             .unwrap()
             .contains("failures=\"0\"")
     );
+    assert!(
+        stdout.contains("against fti (Cluster Manager API)"),
+        "{stdout}"
+    );
+
+    // The FTI provider supports the Fabric Manager API too: certified with a run on it,
+    // the lost-reply retry included (only `in-progress` does not apply: synchronous).
+    let (ok, stdout, stderr) =
+        cro_str(&["provider", "test", fti.to_str().unwrap(), "--fti-api", "fm"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("against fti (Fabric Manager API)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("PASS lost-reply-retry"), "{stdout}");
+    assert!(
+        stdout.contains("PASSED: 18 passed, 0 failed, 1 skipped"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = cro_str(&["provider", "test", fti.to_str().unwrap(), "--fti-api", "xm"]);
+    assert!(!ok);
+    assert!(stderr.contains("--fti-api must be fm or cm"), "{stderr}");
 
     // A provider that traps fails, with the reason on its line and a failing exit code.
     let testkit = cro_test_support::component("cro-testkit");
