@@ -3,18 +3,19 @@
 //!
 //! An attach is retried when its reply was lost: the fabric attached a device, but
 //! neither the provider nor the operator learned which. A retry that simply attached
-//! again would leave that device on the machine, held by no ComposableResource. So
-//! an attach that knows the cluster's claims (contract 0.2.0) first looks at the
-//! machine: a device of the requested type and model that no ComposableResource holds
+//! again would leave that device on the machine, held by no ComposableResource. So,
+//! with a contract 0.2.0 host, the provider notes each attempt key in the host's state
+//! store before it sends the PATCH and forgets it once the attach returned a device.
+//! A call that finds its attempt key noted is a retry: it reads the machine first and
+//! adopts a device of the requested type and model that no ComposableResource holds
 //! (the request's claims) and that this provider has not just handed to another
-//! resource (its hand-out record in the host's state store, which covers the moment
-//! between an attach and the operator storing the ids) is adopted instead of attaching
-//! another. The attempt key is not used: the Fabric Manager attaches synchronously and
-//! any unclaimed device of the model serves the resource equally, so the claims and
-//! the hand-out record already say everything a per-attempt record would, and they do
-//! not depend on provider state surviving. A contract 0.1.0 host passes no claims: the
-//! provider cannot tell an orphan from another resource's device and always attaches
-//! (docs/fti-fabric-api.md, "Retried attaches").
+//! resource (its hand-out record, which covers the moment between an attach and the
+//! operator storing the ids), instead of attaching another. A first attempt attaches
+//! at once, exactly as before: adopting on every attach would let two resources
+//! attaching at once on one machine take the same new device before either is
+//! claimed. A contract 0.1.0 host passes no claims: the provider cannot tell an orphan
+//! from another resource's device and always attaches (docs/fti-fabric-api.md,
+//! "Lost replies").
 
 use serde::Deserialize;
 use serde_json::json;
@@ -29,9 +30,14 @@ use crate::model::{
     ProviderError, RemoveOutcome,
 };
 
-/// How long a handed-out device stays reserved for its resource; the operator stores
-/// the ids at once, so this only has to outlast one reconcile.
+/// How long a handed-out device stays reserved for its resource, and an attempt is
+/// remembered; the operator stores the ids at once and retries within minutes, so this
+/// only has to outlast a few reconciles.
 const HANDOUT_TTL_MS: u64 = 60 * 60 * 1000;
+
+fn attempt_key(attempt: &str) -> String {
+    format!("fti/fm/attempt/{attempt}")
+}
 
 fn handout_key(device_id: &str) -> String {
     format!("fti/fm/handout/{device_id}")
@@ -220,7 +226,8 @@ fn adoptable<'a>(
 }
 
 /// Attaches a device for the request. With `known_claims` (a contract 0.2.0 host) a
-/// device a lost reply left on the machine is adopted first (see the module docs).
+/// retry of a noted attempt first adopts a device a lost reply left on the machine
+/// (see the module docs).
 pub fn add<H: Host + ?Sized>(
     f: &Fabric<'_, H>,
     req: &AddRequest,
@@ -228,7 +235,9 @@ pub fn add<H: Host + ?Sized>(
     known_claims: bool,
 ) -> Result<AddOutcome, ProviderError> {
     let r = &req.resource;
-    if known_claims {
+    let host = f.host();
+    let retry = known_claims && host.state_get(&attempt_key(&req.attempt_key)).is_some();
+    if retry {
         let m = read_machine(f, machine)?;
         if let Some(res) = adoptable(&m, req, |id| handed_to(f.host(), id)) {
             let outcome = outcome_of(f, res, r, machine)?;
@@ -242,8 +251,25 @@ pub fn add<H: Host + ?Sized>(
                     r.name
                 ),
             );
+            host.state_remove(&attempt_key(&req.attempt_key));
             return Ok(outcome);
         }
+    }
+    // Noted before the request goes out: if its reply is lost, the retry adopts.
+    if known_claims
+        && !host.state_set(
+            &attempt_key(&req.attempt_key),
+            r.name.as_bytes(),
+            Some(HANDOUT_TTL_MS),
+        )
+    {
+        host.log(
+            LogLevel::Warn,
+            &format!(
+                "the host refused to note attach attempt {} of {}: a lost reply would not be adopted by the provider",
+                req.attempt_key, r.name
+            ),
+        );
     }
     let body = json!({"tenants": {
         "tenant_uuid": f.config().tenant_id,
@@ -276,7 +302,9 @@ pub fn add<H: Host + ?Sized>(
             r.model
         )));
     }
-    outcome_of(f, &res, r, machine)
+    let outcome = outcome_of(f, &res, r, machine)?;
+    host.state_remove(&attempt_key(&req.attempt_key));
+    Ok(outcome)
 }
 
 /// The resource's outcome for a device on the machine (attached or adopted), recorded

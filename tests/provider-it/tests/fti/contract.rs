@@ -38,15 +38,7 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
         panic!("0.1.0 attach failed")
     };
     assert_eq!(a.machine_id, None, "0.1.0 has no machine id");
-    // A 0.2.0 host passes the claims: without them the 0.2.0 build would adopt gpu-a's
-    // device as one a lost reply left unclaimed.
-    let mut req_b = AddRequest::new(fx.gpu("gpu-b", "worker-0"));
-    req_b.claims = vec![Claim {
-        resource: "gpu-a".into(),
-        device_id: Some(a.device_id.clone()),
-        fabric_device_id: Some(a.fabric_device_id.clone()),
-    }];
-    let Ok(AddOutcome::Attached(b)) = new.add(&req_b).await else {
+    let Ok(AddOutcome::Attached(b)) = new.add_resource(&fx.gpu("gpu-b", "worker-0")).await else {
         panic!("0.2.0 attach failed")
     };
     assert_eq!(b.machine_id.as_deref(), Some(machine.as_str()));

@@ -239,9 +239,9 @@ async fn each_injected_fault_gives_a_typed_error() {
         .await;
     fx.sim.add_free_devices("gpu", MODEL, 10);
     fx.add_provider_id_node("worker-0");
-    // Each attach is a new resource's: a resource asking again would get back a device
-    // a faulted attach left on the machine (a retry after a lost reply) and not reach
-    // the next fault.
+    // Each attach is a new resource's (a new attempt): a retry of a faulted attempt
+    // would get back a device that attempt left on the machine (as after a lost reply)
+    // and not reach the next fault.
     let attaches = std::cell::Cell::new(0);
     let fxr = &fx;
     let add = || {
@@ -302,10 +302,12 @@ async fn each_injected_fault_gives_a_typed_error() {
         provider_error(add().await),
         ProviderError::MalformedReply(_)
     ));
-    // The fabric attached before its reply broke: the next attach (0.2.0) adopts that
-    // unclaimed device instead of sending another PATCH; a 0.1.0 one attaches anew.
+    // The fabric attached before its reply broke: the retry of that attach (0.2.0)
+    // adopts the unclaimed device instead of sending another PATCH; a 0.1.0 one
+    // attaches anew.
     let patches = fx.sim.requests_to(Route::FmAttach).len();
-    attached(add().await);
+    let retried = fx.gpu(&format!("gpu-{}", attaches.get()), "worker-0");
+    attached(fx.provider.add_resource(&retried).await);
     let sent = fx.sim.requests_to(Route::FmAttach).len() - patches;
     match fx.build {
         Build::V0_2 => assert_eq!(sent, 0, "the device the malformed reply left is adopted"),

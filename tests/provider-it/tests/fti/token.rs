@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use cro_runtime::{ProviderError, RemoveOutcome};
 use fabric_sim::{Fault, Route};
-use provider_it::{Api, Build, Fixture, MODEL, SECRET_NAME, SECRET_NAMESPACE, TestClock};
+use provider_it::{Api, Fixture, MODEL, SECRET_NAME, SECRET_NAMESPACE, TestClock};
 
 use crate::*;
 
@@ -102,13 +102,7 @@ async fn a_new_token_is_fetched_only_from_thirty_seconds_before_exp() {
     let (first, last) = (&tokens[0], &tokens[tokens.len() - 1]);
     assert_ne!(first, last);
     assert_eq!(&tokens[tokens.len() - 2], last);
-    // The first token served the attach (a 0.2.0 attach reads the machine before it
-    // patches, to adopt a device a lost reply left) and two checks.
-    let uses = match fx.build {
-        Build::V0_2 => 4,
-        Build::V0_1 => 3,
-    };
-    assert_eq!(tokens.iter().filter(|t| *t == first).count(), uses);
+    assert_eq!(tokens.iter().filter(|t| *t == first).count(), 3);
 }
 
 #[tokio::test]
