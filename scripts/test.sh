@@ -25,9 +25,9 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "provider components (wasm32-wasip2) and their lints"
-build_components -p fti-provider -p fti-v0-1-0 -p cro-testkit -p future-version-provider
+build_components -p fti-provider -p fti-v0-1-0 -p cro-provider-redfish -p cro-testkit -p future-version-provider
 CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked --target wasm32-wasip2 \
-  -p fti-provider -p fti-v0-1-0 -p cro-provider-sdk -p cro-testkit -- -D warnings
+  -p fti-provider -p fti-v0-1-0 -p cro-provider-redfish -p cro-provider-sdk -p cro-testkit -- -D warnings
 
 step "Python example provider (componentize-py)"
 t0=$(date +%s)
