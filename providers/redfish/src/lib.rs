@@ -175,3 +175,154 @@ mod component {
 
     cro_provider_sdk::export_provider!(crate::Redfish<WasmHost>);
 }
+
+#[cfg(test)]
+mod fake;
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::fake::Service;
+
+    fn gpu(name: &str) -> ComposableResource {
+        ComposableResource {
+            name: name.into(),
+            device_type: DeviceType::Gpu,
+            model: "A100".into(),
+            target_node: "w0".into(),
+            device_id: None,
+            fabric_device_id: None,
+            machine_id: None,
+            force_detach: false,
+        }
+    }
+
+    fn request(name: &str, key: &str, claims: Vec<Claim>) -> AddRequest {
+        AddRequest {
+            resource: gpu(name),
+            attempt_key: key.into(),
+            size_bytes: None,
+            claims,
+        }
+    }
+
+    fn service() -> Rc<RefCell<Service>> {
+        let svc = Rc::new(RefCell::new(Service::default()));
+        {
+            let mut s = svc.borrow_mut();
+            s.system("s0");
+            s.gpu("G1", "H100");
+            s.gpu("G2", "A100");
+            s.gpu("G3", "A100");
+        }
+        svc
+    }
+
+    fn block_of(o: AddOutcome) -> String {
+        match o {
+            AddOutcome::Attached(d) => d.fabric_device_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn attach_takes_a_free_block_of_the_model_that_no_claim_holds() {
+        let svc = service();
+        let p = Redfish::new(Service::host(&svc));
+        let held = Claim {
+            resource: "other".into(),
+            device_id: Some("GPU-G2".into()),
+            fabric_device_id: None,
+        };
+        let o = p.add(&request("a", "k", vec![held])).unwrap();
+        let AddOutcome::Attached(d) = o else { panic!() };
+        assert_eq!(
+            (
+                d.fabric_device_id.as_str(),
+                d.device_id.as_str(),
+                d.machine_id.as_deref()
+            ),
+            ("G3", "GPU-G3", Some("s0"))
+        );
+        // Nothing is left in state once attached (the session only).
+        assert_eq!(p.host().state_keys(), [SESSION_KEY]);
+    }
+
+    #[test]
+    fn a_lost_reply_is_found_again_by_the_record_or_by_the_scan() {
+        let svc = service();
+        let host = Service::host(&svc);
+        let p = Redfish::new(&host);
+        // The service acted but a proxy answered 502: an answer voids the attempt's
+        // record, so the retry's scan finds the block composed into the system and held
+        // by no claim, and composes nothing more.
+        svc.borrow_mut().next_patch = Some((502, true));
+        assert!(matches!(
+            p.add(&request("a", "k", vec![])),
+            Err(ProviderError::Fabric { status: 502, .. })
+        ));
+        assert_eq!(block_of(p.add(&request("a", "k", vec![])).unwrap()), "G2");
+        assert_eq!(svc.borrow().patches, 1);
+        // Another resource, holding nothing yet, and G2 claimed by "a": a new block.
+        let claim = Claim {
+            resource: "a".into(),
+            device_id: None,
+            fabric_device_id: Some("G2".into()),
+        };
+        assert_eq!(
+            block_of(p.add(&request("b", "k2", vec![claim.clone()])).unwrap()),
+            "G3"
+        );
+        // Nothing left: no capacity.
+        let claim3 = Claim {
+            resource: "b".into(),
+            device_id: None,
+            fabric_device_id: Some("G3".into()),
+        };
+        assert!(matches!(
+            p.add(&request("c", "k3", vec![claim, claim3])),
+            Err(ProviderError::NoCapacity(_))
+        ));
+    }
+
+    #[test]
+    fn a_block_reserved_by_another_attempt_is_not_taken() {
+        let svc = service();
+        let host = Service::host(&svc);
+        // Attempt k1 chose G2 and its PATCH has not been answered (transport failure).
+        host.state_set("redfish/reserved/G2", b"k1", None);
+        let p = Redfish::new(&host);
+        assert_eq!(block_of(p.add(&request("b", "k2", vec![])).unwrap()), "G3");
+    }
+
+    #[test]
+    fn describe_declares_what_the_provider_uses() {
+        let i = info();
+        assert_eq!(
+            (i.name.as_str(), i.vendor.as_str()),
+            ("redfish", "DMTF Redfish")
+        );
+        assert_eq!(i.capabilities.http, ["${endpoint}/redfish/v1/*"]);
+        assert_eq!(i.capabilities.secret_keys, ["username", "password"]);
+        assert_eq!(i.capabilities.lookup, [LookupKind::new("v1", "Node")]);
+        assert!(i.config.iter().any(|k| k.name == "endpoint" && k.required));
+        assert!(
+            i.config
+                .iter()
+                .any(|k| k.name == "timeout_ms" && !k.required)
+        );
+        // Every request the provider made in a run goes under the declared pattern and
+        // uses only declared Secret keys.
+        let svc = service();
+        let host = Service::host(&svc);
+        Redfish::new(&host).add(&request("a", "k", vec![])).unwrap();
+        assert!(
+            host.requests()
+                .iter()
+                .all(|r| r.url.starts_with("http://bmc/redfish/v1/"))
+        );
+    }
+}

@@ -177,7 +177,7 @@ async fn redfish_claims_are_honoured_and_no_free_block_is_no_capacity() {
     let gpu = fx.gpu("gpu-a", "worker-0");
     let a = attached_device(
         fx.provider
-            .add(&fx.request(&gpu, "key-a", &[held.clone()]))
+            .add(&fx.request(&gpu, "key-a", std::slice::from_ref(&held)))
             .await,
     );
     assert_eq!(a.fabric_device_id, b2.id);
@@ -247,7 +247,10 @@ async fn redfish_slow_composition_is_in_progress_until_the_task_ends() {
         1,
         "one composition only"
     );
-    assert_eq!(device_blocks(&fx, &sys), [a.fabric_device_id.clone()]);
+    assert_eq!(
+        device_blocks(&fx, &sys),
+        std::slice::from_ref(&a.fabric_device_id)
+    );
 
     // Detach is in progress too, then removed; the task is watched, not re-sent.
     let gpu = recorded(gpu, &a);
@@ -406,7 +409,10 @@ async fn redfish_an_etag_conflict_is_retried_once() {
     );
     let patches = fx.sim.requests_to(Route::SystemPatch);
     assert_eq!(patches.len(), 2);
-    assert_eq!(device_blocks(&fx, &sys), [a.fabric_device_id.clone()]);
+    assert_eq!(
+        device_blocks(&fx, &sys),
+        std::slice::from_ref(&a.fabric_device_id)
+    );
     // Every PATCH names the ETag of the system as just read.
     let etag = patches[1].header("If-Match").expect("If-Match").to_string();
     assert!(etag.starts_with("W/\""), "{etag}");
@@ -521,7 +527,10 @@ async fn redfish_each_injected_fault_gives_a_typed_error() {
     // After all that, the same attempt attaches exactly one block.
     assert_eq!(fx.sim.active_faults(), 0);
     let a = attached_device(add().await);
-    assert_eq!(device_blocks(&fx, &sys), [a.fabric_device_id.clone()]);
+    assert_eq!(
+        device_blocks(&fx, &sys),
+        std::slice::from_ref(&a.fabric_device_id)
+    );
 
     // Another resource on another node gets another block.
     let r1 = fx.request(&fx.gpu("gpu-c", "worker-1"), "key-c", &[claim("gpu-a", &a)]);
