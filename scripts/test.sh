@@ -34,6 +34,11 @@ t0=$(date +%s)
 build_python_example
 echo "Python example provider ready in $(( $(date +%s) - t0 )) s"
 
+step "Redfish simulator against DMTF's protocol validator"
+t0=$(date +%s)
+tests/redfish-sim/validate.sh
+echo "validated in $(( $(date +%s) - t0 )) s"
+
 step "cargo test (whole workspace)"
 cargo test --workspace --locked --no-fail-fast
 
