@@ -111,7 +111,7 @@ ensure_redfish_protocol_validator() {
 # The Python example provider (providers/python-example) as a component, into
 # target/wasm/python. Rebuilt only when its sources, the WIT it targets or the
 # componentize-py version change (a stamp of their digest sits beside the output).
-PYTHON_EXAMPLE_WIT=wit/since_v0.1.0
+PYTHON_EXAMPLE_WIT=wit/since_v0.2.0
 build_python_example() {
   ensure_componentize_py
   local src="$ROOT/providers/python-example" out="$ROOT/target/wasm/python"
