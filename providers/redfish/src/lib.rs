@@ -124,8 +124,9 @@ pub fn info() -> ProviderInfo {
             secret_keys: config::SECRET_KEYS.iter().map(|k| k.to_string()).collect(),
             // A node's system id is its providerID; get-resources lists Nodes.
             lookup: vec![LookupKind::new("v1", "Node")],
-            // Per-request timeouts and the session/task bookkeeping in `state` (TTLs)
-            // run on the host's clock.
+            // Asked for so the session and task bookkeeping may read the wall clock
+            // (the grant agreed for this provider); today the TTLs of its `state`
+            // records and the request timeouts are counted by the host.
             clocks: true,
         },
         config: config::KEYS
