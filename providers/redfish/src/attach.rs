@@ -17,11 +17,21 @@ use crate::resources::{Composition, Link, TaskOutcome};
 
 const ATTEMPT_PREFIX: &str = "redfish/attempt/";
 const RESERVED_PREFIX: &str = "redfish/reserved/";
+/// Resource name -> the block its unfinished attach chose, so a detach of a resource
+/// whose attach has not returned its ids yet still finds (and decomposes) the block.
+pub const IN_FLIGHT_PREFIX: &str = "redfish/in-flight/";
 /// An attempt's record outlives any sane retry loop of one attach.
 const ATTEMPT_TTL_MS: u64 = 24 * 3600 * 1000;
 /// A reservation only has to cover the window between choosing a block and the
 /// service showing it composed; an abandoned one must not hide a block for long.
 const RESERVED_TTL_MS: u64 = 10 * 60 * 1000;
+
+/// Drops what an unfinished attach of `resource` holds on `block` (its in-flight record
+/// and the block's reservation), once a detach has taken the block back.
+pub fn release<H: Host + ?Sized>(host: &H, resource: &str, block: &str) {
+    host.state_remove(&format!("{IN_FLIGHT_PREFIX}{resource}"));
+    host.state_remove(&format!("{RESERVED_PREFIX}{block}"));
+}
 
 /// What an attempt has done so far.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -92,10 +102,17 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
             self.req.attempt_key.as_bytes(),
             Some(RESERVED_TTL_MS),
         );
+        self.host().state_set(
+            &format!("{IN_FLIGHT_PREFIX}{}", self.req.resource.name),
+            a.block.as_bytes(),
+            Some(ATTEMPT_TTL_MS),
+        );
     }
 
     fn forget(&self, a: &Attempt) {
         self.host().state_remove(&self.attempt_key());
+        self.host()
+            .state_remove(&format!("{IN_FLIGHT_PREFIX}{}", self.req.resource.name));
         let reserved = format!("{RESERVED_PREFIX}{}", a.block);
         if self.host().state_get(&reserved).as_deref() == Some(self.req.attempt_key.as_bytes()) {
             self.host().state_remove(&reserved);

@@ -5,9 +5,10 @@
 
 use cro_provider_sdk::{ComposableResource, Host, ProviderError, RemoveOutcome};
 
+use crate::attach::release;
 use crate::client::is_in_use;
 use crate::fabric::{Fabric, Recomposed};
-use crate::locate::{Located, locate};
+use crate::locate::{Located, locate_for_detach};
 use crate::resources::{Composition, TaskOutcome};
 
 const DETACH_PREFIX: &str = "redfish/detach/";
@@ -19,13 +20,14 @@ pub fn remove<H: Host + ?Sized>(
     system: &str,
 ) -> Result<RemoveOutcome, ProviderError> {
     let host = fabric.client.host();
-    let block = match locate(fabric, r, system)? {
+    let block = match locate_for_detach(fabric, r, system)? {
         Located::Nothing | Located::Gone => return Ok(RemoveOutcome::Removed),
         Located::Block(b) => b,
     };
     let key = format!("{DETACH_PREFIX}{}", block.id);
     if !block.linked_to(system) || block.composition() == Composition::Unused {
         host.state_remove(&key);
+        release(host, &r.name, &block.id);
         return Ok(RemoveOutcome::Removed);
     }
     if block.composition() == Composition::Composing {
@@ -72,6 +74,14 @@ pub fn remove<H: Host + ?Sized>(
             None
         }
     });
+    // The block is on its way out: an unfinished attach of this resource (one that
+    // never returned the ids) holds nothing any more.
+    if matches!(
+        result,
+        Ok(Recomposed::Done | Recomposed::Unchanged | Recomposed::Accepted { .. })
+    ) {
+        release(host, &r.name, &id);
+    }
     match result {
         Ok(Recomposed::Done | Recomposed::Unchanged) => Ok(RemoveOutcome::Removed),
         Ok(Recomposed::Accepted { task }) => {

@@ -277,6 +277,33 @@ async fn redfish_slow_composition_is_in_progress_until_the_task_ends() {
         CompositionState::Unused
     );
 
+    // A resource deleted while its attach is composing (no ids recorded yet): the detach
+    // waits for the composition, then takes the block back; nothing is left composed
+    // for nobody, and the block is free for the next attach.
+    let early = fx.gpu("gpu-early", "worker-0");
+    let req_early = fx.request(&early, "key-early", &[]);
+    assert!(matches!(
+        fx.provider.add(&req_early).await,
+        Ok(AddOutcome::InProgress(_))
+    ));
+    let first = fx.provider.remove_resource(&early).await;
+    assert!(
+        matches!(first, Ok(RemoveOutcome::InProgress(ref m)) if m.contains("composed")),
+        "{first:?}"
+    );
+    eventually(Duration::from_secs(10), "the early detach", || async {
+        match fx.provider.remove_resource(&early).await {
+            Ok(RemoveOutcome::Removed) => Some(()),
+            Ok(RemoveOutcome::InProgress(_)) => None,
+            Err(e) => panic!("detach failed: {e}"),
+        }
+    })
+    .await;
+    eventually(Duration::from_secs(10), "the block to be free", || async {
+        device_blocks(&fx, &sys).is_empty().then_some(())
+    })
+    .await;
+
     // A composition whose task fails: in progress, then the task's error; the next
     // attempt composes again and succeeds.
     fx.sim
