@@ -88,10 +88,30 @@ ensure_componentize_py() {
   export COMPONENTIZE_PY
 }
 
+# DMTF's Redfish Protocol Validator (PyPI), run by tests/redfish-sim/validate.sh against
+# the Redfish simulator. It needs no schema files, so it runs offline. Installed in a venv
+# under ~/.cache/cro/tools, keyed by its version.
+RF_PROTOCOL_VALIDATOR_VERSION=1.3.2
+ensure_redfish_protocol_validator() {
+  local venv="$HOME/.cache/cro/tools/redfish-protocol-validator-$RF_PROTOCOL_VALIDATOR_VERSION"
+  if [[ ! -f "$venv/.complete" ]]; then
+    command -v python3 >/dev/null || { say "python3 is missing (needed for the Redfish validator)"; exit 1; }
+    say "installing redfish-protocol-validator $RF_PROTOCOL_VALIDATOR_VERSION into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      "redfish-protocol-validator==$RF_PROTOCOL_VALIDATOR_VERSION"
+    touch "$venv/.complete"
+  fi
+  RF_PROTOCOL_VALIDATOR="$venv/bin/rf_protocol_validator"
+  export RF_PROTOCOL_VALIDATOR
+}
+
 # The Python example provider (providers/python-example) as a component, into
 # target/wasm/python. Rebuilt only when its sources, the WIT it targets or the
 # componentize-py version change (a stamp of their digest sits beside the output).
-PYTHON_EXAMPLE_WIT=wit/since_v0.1.0
+PYTHON_EXAMPLE_WIT=wit/since_v0.2.0
 build_python_example() {
   ensure_componentize_py
   local src="$ROOT/providers/python-example" out="$ROOT/target/wasm/python"

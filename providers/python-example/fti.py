@@ -25,6 +25,17 @@ from wit_world.imports.types import (
 )
 
 TOKEN_KEY = "python-fti/token"
+# attempt key -> the device an attach of that attempt got (see Fabric.attach_once).
+ATTEMPT_PREFIX = "python-fti/attempt/"
+ATTEMPT_TTL_MS = 24 * 3600 * 1000
+SECRET_KEYS = ("username", "password", "client_id", "client_secret", "realm")
+# (name, required, meaning): what describe() declares.
+CONFIG_KEYS = (
+    ("api_type", True, "FM (Fabric Manager); CM is not supported by this example"),
+    ("endpoint", True, "host:port/ (HTTPS implied) or a full http(s):// URL of the fabric"),
+    ("tenant_id", True, "the fabric tenant"),
+    ("timeout_ms", False, "per-request timeout asked of the host"),
+)
 RENEW_BEFORE_SECS = 30
 # Error codes that mean "no free device of that model" (FTI and our simulator).
 NO_CAPACITY_CODES = ("insufficient_resources", "e0409")
@@ -308,7 +319,48 @@ class Fabric:
                 return m
         return machines[0]
 
+    def machine_of_resource(self, r: types.ComposableResource) -> str:
+        """The machine recorded at attach when the host passes it (no Node needed, so
+        a detach works after the Node is gone), else the target Node's."""
+        recorded = present(r.machine_id)
+        return recorded if recorded is not None else self.machine_of(r.target_node)
+
     # --- operations ----------------------------------------------------------------
+
+    def attach_once(self, req: types.AddRequest, machine: str) -> Tuple[str, str]:
+        """Attach for the request, without a second device on a retry.
+
+        The Fabric Manager picks the device, so a retry after a lost reply cannot name
+        the one the first try got. Before attaching, the machine is read: the device
+        this attempt recorded, if still there, is the answer; so is a device of the
+        type and model on the machine that no ComposableResource holds (the claims):
+        the device of an attach whose reply was lost."""
+        r = req.resource
+        m = self.read_machine(machine)
+        on_machine = resources(m)
+        key = ATTEMPT_PREFIX + req.attempt_key
+        recorded = state.get(key)
+        if recorded is not None:
+            try:
+                rec = json.loads(recorded)
+                for res in on_machine:
+                    if rec["machine"] == machine and present(res.get("res_uuid")) == rec["uuid"]:
+                        return rec["serial"], rec["uuid"]
+            except (ValueError, KeyError, TypeError):
+                log_warn("ignoring an unreadable attempt record")
+        for res in on_machine:
+            serial, uuid = present(res.get("res_serial_num")), present(res.get("res_uuid"))
+            if serial is None or uuid is None or not matches(res, r):
+                continue
+            if claimed_by_another(req, serial, uuid):
+                continue
+            log_info(f"device {serial} ({uuid}) is on machine {machine} and held by no resource: "
+                     f"taken for {r.name}")
+            return serial, uuid
+        serial, uuid = self.attach(r, machine)
+        record = json.dumps({"machine": machine, "serial": serial, "uuid": uuid})
+        state.set(key, record.encode(), ATTEMPT_TTL_MS)
+        return serial, uuid
 
     def attach(self, r: types.ComposableResource, machine: str) -> Tuple[str, str]:
         kind = fabric_type(r.device_type)
@@ -417,6 +469,16 @@ class Fabric:
                                           model=model_of(res) or "", device_id=serial,
                                           fabric_device_id=uuid))
         return devices
+
+
+def claimed_by_another(req: types.AddRequest, serial: str, uuid: str) -> bool:
+    """Whether a ComposableResource other than the request's holds the device."""
+    for c in req.claims:
+        if c.resource == req.resource.name:
+            continue
+        if c.device_id in (serial, uuid) or c.fabric_device_id in (serial, uuid):
+            return True
+    return False
 
 
 def machine_in_node(raw: str) -> Optional[str]:

@@ -1,12 +1,15 @@
-//! What a provider call and a provider load cost, for the Rust (FTI) and the Python
-//! example components: `cargo run --release -p provider-it --example call_cost [CALLS]`.
+//! What a provider call and a provider load cost, for the Rust (FTI and Redfish) and the
+//! Python example components:
+//! `cargo run --release -p provider-it --example call_cost [CALLS]`.
 //!
-//! - load: compiling the component (no cache), a first load through an empty on-disk
-//!   cache (compile + store), and a load in a fresh runtime from that cache;
+//! - load: compiling the component (no cache, as with `CRO_COMPONENT_CACHE=off`), a
+//!   first load through an empty on-disk cache (compile + store), and a load in a fresh
+//!   runtime from that cache (the warm case);
 //! - call: the median (and p90) of CALLS calls (default 50), each on a fresh instance
 //!   as the runtime always does: `remove_resource` of a resource without a device id
 //!   (instantiate + call, no I/O) and `check_resource` of an attached device
-//!   (instantiate + call + one HTTPS request to the fabric simulator);
+//!   (instantiate + call + one request to the simulator: HTTPS for FTI and Python, plain
+//!   HTTP to the Redfish simulator);
 //! - instantiate only, with wasmtime used directly, under several engine settings
 //!   (pooling or on-demand allocation, copy-on-write memory images on or off, memory
 //!   kept resident between instances), to show what each setting buys.
@@ -19,6 +22,7 @@ use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, ComponentCache, ComposableResource, Provider, ProviderSpec, Runtime, RuntimeOptions,
 };
+use provider_it::redfish::{GPU_MODEL, RedfishFixture};
 use provider_it::{Api, Fixture, MODEL, python};
 
 fn ms(d: Duration) -> String {
@@ -89,7 +93,7 @@ async fn call_times(name: &str, provider: &Provider, attached: &ComposableResour
     let (c50, c90) = stat(&mut check);
     println!(
         "{name}: {n} calls, fresh instance each: instantiate + call (no I/O) median {} p90 {}; \
-         check (one HTTPS GET) median {} p90 {}",
+         check (one GET) median {} p90 {}",
         ms(b50),
         ms(b90),
         ms(c50),
@@ -175,9 +179,11 @@ async fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(50);
     let fti = cro_test_support::component("fti-provider");
+    let redfish = cro_test_support::component("cro-provider-redfish");
     let py = python::python_component();
 
     load_times("fti (Rust)", &fti, RuntimeOptions::default()).await;
+    load_times("redfish (Rust)", &redfish, RuntimeOptions::default()).await;
     load_times("python-example", &py, python::python_options()).await;
 
     let fx = Fixture::builder(Api::Fm).start().await;
@@ -190,6 +196,19 @@ async fn main() {
     );
     call_times("fti (Rust)", &fx.provider, &gpu, n).await;
 
+    let rx = RedfishFixture::start().await;
+    rx.add_node("worker-0");
+    rx.sim.add_gpu_block(GPU_MODEL);
+    let gpu = rx.gpu("gpu-cost", "worker-0");
+    let gpu = with_ids(
+        gpu.clone(),
+        rx.provider
+            .add(&rx.request(&gpu, "cost", &[]))
+            .await
+            .expect("add"),
+    );
+    call_times("redfish (Rust)", &rx.provider, &gpu, n).await;
+
     let px = python::start(&[]).await;
     px.sim.add_free_devices("gpu", MODEL, 1);
     px.add_node("worker-0", "0b1c2d3e-0000-4000-8000-0000000cost1");
@@ -200,7 +219,11 @@ async fn main() {
     );
     call_times("python-example", &px.provider, &gpu, n).await;
 
-    for (name, path) in [("fti (Rust)", &fti), ("python-example", &py)] {
+    for (name, path) in [
+        ("fti (Rust)", &fti),
+        ("redfish (Rust)", &redfish),
+        ("python-example", &py),
+    ] {
         let bytes = std::fs::read(path).expect("read component");
         println!("{name}: instantiate only, by engine setting ({n} instances each):");
         instantiate_median(

@@ -17,6 +17,7 @@
 //! ```
 
 pub mod python;
+pub mod redfish;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,7 +83,7 @@ impl TestClock {
 
 /// The runtime of tests that leave the clock alone: the component is compiled once per
 /// process, not once per test.
-fn shared_runtime() -> Runtime {
+pub(crate) fn shared_runtime() -> Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME
         .get_or_init(|| match Runtime::new(RuntimeOptions::default()) {

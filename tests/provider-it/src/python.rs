@@ -1,6 +1,6 @@
-//! The Python example provider (`providers/python-example`, built by componentize-py
-//! through `scripts/setup.sh`) in the cro runtime against the fabric simulator's Fabric
-//! Manager API.
+//! The Python example provider (`providers/python-example`, contract 0.2.0, built by
+//! componentize-py through `scripts/setup.sh`) in the cro runtime against the fabric
+//! simulator's Fabric Manager API.
 
 use std::path::PathBuf;
 use std::process::Command;

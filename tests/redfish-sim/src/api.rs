@@ -289,6 +289,7 @@ fn service_root() -> Value {
         "CompositionService": odata_ref("/redfish/v1/CompositionService"),
         "Systems": odata_ref(SYSTEMS),
         "TaskService": odata_ref("/redfish/v1/TaskService"),
+        "AccountService": odata_ref(ACCOUNT_SERVICE),
         "Links": {"Sessions": odata_ref(SESSIONS)},
     })
 }
@@ -365,6 +366,100 @@ fn allowed(route: Route, path: &str) -> &'static str {
 
 const METADATA: &str = include_str!("metadata.xml");
 
+const ACCOUNT_SERVICE: &str = "/redfish/v1/AccountService";
+const ACCOUNTS: &str = "/redfish/v1/AccountService/Accounts";
+const ROLES: &str = "/redfish/v1/AccountService/Roles";
+
+/// The standard roles every Redfish service has, with their privileges.
+const PREDEFINED_ROLES: &[(&str, &[&str])] = &[
+    (
+        "Administrator",
+        &[
+            "Login",
+            "ConfigureManager",
+            "ConfigureUsers",
+            "ConfigureSelf",
+            "ConfigureComponents",
+        ],
+    ),
+    (
+        "Operator",
+        &["Login", "ConfigureSelf", "ConfigureComponents"],
+    ),
+    ("ReadOnly", &["Login", "ConfigureSelf"]),
+];
+
+/// The AccountService, read-only (ours): the one account the simulator is started
+/// with, an Administrator, and the predefined roles. Accounts are not created or
+/// changed through the API.
+fn account_service(shared: &Shared, segs: &[&str], path: &str) -> Reply {
+    match segs {
+        ["AccountService"] => Reply::json(
+            200,
+            json!({
+                "@odata.id": ACCOUNT_SERVICE,
+                "@odata.type": "#AccountService.v1_15_0.AccountService",
+                "Id": "AccountService", "Name": "Account Service",
+                "ServiceEnabled": true,
+                "Accounts": odata_ref(ACCOUNTS),
+                "Roles": odata_ref(ROLES),
+            }),
+        ),
+        ["AccountService", "Accounts"] => Reply::json(
+            200,
+            collection(
+                ACCOUNTS,
+                "#ManagerAccountCollection.ManagerAccountCollection",
+                "Accounts",
+                vec![format!("{ACCOUNTS}/1")],
+            ),
+        ),
+        ["AccountService", "Accounts", "1"] => Reply::json(
+            200,
+            json!({
+                "@odata.id": format!("{ACCOUNTS}/1"),
+                "@odata.type": "#ManagerAccount.v1_12_0.ManagerAccount",
+                // Never changes: accounts are read-only here.
+                "@odata.etag": etag(1),
+                "Id": "1", "Name": "User Account",
+                "UserName": shared.config.username,
+                "Password": null,
+                "RoleId": "Administrator",
+                "Enabled": true,
+                "Locked": false,
+                "Links": {"Role": odata_ref(&format!("{ROLES}/Administrator"))},
+            }),
+        ),
+        ["AccountService", "Roles"] => Reply::json(
+            200,
+            collection(
+                ROLES,
+                "#RoleCollection.RoleCollection",
+                "Roles",
+                PREDEFINED_ROLES
+                    .iter()
+                    .map(|(id, _)| format!("{ROLES}/{id}"))
+                    .collect(),
+            ),
+        ),
+        ["AccountService", "Roles", id] => match PREDEFINED_ROLES.iter().find(|(r, _)| r == id) {
+            Some((role, privileges)) => Reply::json(
+                200,
+                json!({
+                    "@odata.id": format!("{ROLES}/{role}"),
+                    "@odata.type": "#Role.v1_3_2.Role",
+                    "Id": role, "Name": format!("{role} role"),
+                    "RoleId": role,
+                    "IsPredefined": true,
+                    "AssignedPrivileges": privileges,
+                }),
+            ),
+            None => not_found(path),
+        },
+        _ => not_found(path),
+    }
+}
+
 /// Serves one request.
 pub(crate) fn handle(shared: &Shared, req: &Req, route: Option<Route>) -> Reply {
     let mut reply = dispatch(shared, req, route);
@@ -430,6 +525,7 @@ fn dispatch(shared: &Shared, req: &Req, route: Option<Route>) -> Reply {
                     {"name": "SessionService", "kind": "Singleton", "url": "/redfish/v1/SessionService"},
                     {"name": "CompositionService", "kind": "Singleton", "url": "/redfish/v1/CompositionService"},
                     {"name": "TaskService", "kind": "Singleton", "url": "/redfish/v1/TaskService"},
+                    {"name": "AccountService", "kind": "Singleton", "url": ACCOUNT_SERVICE},
                 ]}),
             ),
             _ => Reply::json(200, service_root()),
@@ -479,6 +575,7 @@ fn dispatch(shared: &Shared, req: &Req, route: Option<Route>) -> Reply {
                 ),
             }
         }
+        ("GET", Route::AccountService) => account_service(shared, &segs, path),
         ("GET", Route::CompositionService) => match segs.as_slice() {
             ["CompositionService"] => Reply::json(
                 200,

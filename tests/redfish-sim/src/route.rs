@@ -27,6 +27,8 @@ pub enum Route {
     TaskMonitor,
     /// `GET /redfish/v1/TaskService`, `.../Tasks`, `.../Tasks/<n>`
     Task,
+    /// `GET /redfish/v1/AccountService`, its `Accounts` and `Roles` (read-only)
+    AccountService,
 }
 
 impl Route {
@@ -68,6 +70,9 @@ impl Route {
                 _ => Route::System,
             },
             ["redfish", "v1", "TaskService", "TaskMonitors", _] => Route::TaskMonitor,
+            ["redfish", "v1", "AccountService"]
+            | ["redfish", "v1", "AccountService", "Accounts" | "Roles"]
+            | ["redfish", "v1", "AccountService", "Accounts" | "Roles", _] => Route::AccountService,
             ["redfish", "v1", "TaskService"]
             | ["redfish", "v1", "TaskService", "Tasks"]
             | ["redfish", "v1", "TaskService", "Tasks", _] => Route::Task,

@@ -750,3 +750,53 @@ async fn protocol_details_dmtfs_protocol_validator_checks() {
     assert_eq!(members.status, StatusCode::CREATED);
     assert_eq!(c.sim.session_count(), 2);
 }
+
+#[tokio::test]
+async fn the_account_service_has_the_login_account_and_the_predefined_roles() {
+    let c = Client::start(SimConfig::default()).await;
+    let root = c.get("/redfish/v1/").await;
+    assert_eq!(
+        root.body["AccountService"]["@odata.id"],
+        "/redfish/v1/AccountService"
+    );
+    let roles = c.get("/redfish/v1/AccountService/Roles").await;
+    let ids: Vec<_> = roles.body["Members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["@odata.id"].as_str().unwrap().to_string())
+        .collect();
+    for role in ["Administrator", "Operator", "ReadOnly"] {
+        let path = format!("/redfish/v1/AccountService/Roles/{role}");
+        assert!(ids.contains(&path), "{ids:?}");
+        let r = c.get(&path).await;
+        assert_eq!(
+            (r.body["RoleId"].as_str(), r.body["IsPredefined"].as_bool()),
+            (Some(role), Some(true))
+        );
+        assert!(
+            r.body["AssignedPrivileges"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("Login"))
+        );
+    }
+    let account = c.get("/redfish/v1/AccountService/Accounts/1").await;
+    assert_eq!(account.body["UserName"], c.sim.credentials().0);
+    assert_eq!(account.body["RoleId"], "Administrator");
+    assert!(account.header("ETag").is_some());
+    assert_eq!(
+        c.get("/redfish/v1/AccountService/Roles/Root").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Read-only: no account is created through the API.
+    let post = c
+        .raw(
+            Method::POST,
+            "/redfish/v1/AccountService/Accounts",
+            Some(&c.token),
+            Some(json!({"UserName": "u2", "Password": "p", "RoleId": "ReadOnly"})),
+        )
+        .await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+}

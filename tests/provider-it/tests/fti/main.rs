@@ -6,6 +6,7 @@ mod contract;
 mod egress;
 mod fm;
 mod python;
+mod redfish;
 mod token;
 
 use std::time::{Duration, Instant};

@@ -1,8 +1,9 @@
-//! The Python example provider (providers/python-example, built by componentize-py)
-//! in the real runtime against the fabric simulator's Fabric Manager API.
+//! The Python example provider (providers/python-example, built by componentize-py,
+//! contract 0.2.0) in the real runtime against the fabric simulator's Fabric Manager
+//! API.
 
-use cro_runtime::ProviderError;
-use fabric_sim::Route;
+use cro_runtime::{AddOutcome, AddRequest, Claim, ProviderError};
+use fabric_sim::{Fault, Route};
 use provider_it::MODEL;
 use provider_it::python::start;
 use serde_json::json;
@@ -18,7 +19,21 @@ async fn python_provider_attaches_checks_lists_and_detaches() {
     fx.add_node("worker-0", MACHINE);
     let mut gpu = fx.gpu("gpu-py", "worker-0");
 
-    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    // Contract 0.2.0, and describe() asks for exactly what the fixture grants.
+    assert_eq!(fx.provider.contract_version(), "0.2.0");
+    let info = fx.provider.info().expect("describe()");
+    assert_eq!(
+        (info.name.as_str(), info.vendor.as_str()),
+        ("fti-python", "Fujitsu")
+    );
+    let report = fx.provider.capability_report();
+    assert!(report.is_clean(), "{report}");
+
+    let Ok(AddOutcome::Attached(a)) = fx.provider.add_resource(&gpu).await else {
+        panic!("attach failed")
+    };
+    assert_eq!(a.machine_id.as_deref(), Some(MACHINE));
+    let (serial, uuid) = (a.device_id, a.fabric_device_id);
     let on_machine = fx.sim.machine_devices(MACHINE);
     assert_eq!(on_machine.len(), 1);
     assert_eq!(
@@ -64,6 +79,69 @@ async fn python_provider_attaches_checks_lists_and_detaches() {
         provider_error(fx.provider.check_resource(&gpu).await),
         ProviderError::NotFound(_)
     ));
+}
+
+#[tokio::test]
+async fn python_provider_honours_claims_and_a_retry_attaches_no_second_device() {
+    let fx = start(&[]).await;
+    fx.sim.add_free_devices("gpu", MODEL, 3);
+    fx.add_node("worker-0", MACHINE);
+    let request = |name: &str, key: &str, claims: Vec<Claim>| AddRequest {
+        resource: fx.gpu(name, "worker-0"),
+        attempt_key: key.into(),
+        size_bytes: None,
+        claims,
+    };
+
+    // The fabric attaches, then the connection drops before the reply.
+    fx.sim
+        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
+    let req = request("gpu-a", "key-a", Vec::new());
+    assert!(matches!(
+        provider_error(fx.provider.add(&req).await),
+        ProviderError::Unavailable(_)
+    ));
+    let on_machine = fx.sim.machine_devices(MACHINE);
+    assert_eq!(on_machine.len(), 1);
+    // The retry finds the device no resource holds: no second attach.
+    let (serial, uuid) = attached(fx.provider.add(&req).await);
+    assert_eq!(
+        (&serial, &uuid),
+        (&on_machine[0].serial, &on_machine[0].res_uuid)
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmAttach).len(), 1);
+    // And again (the reply lost on the host's side): the attempt's record answers.
+    assert_eq!(
+        attached(fx.provider.add(&req).await),
+        (serial.clone(), uuid.clone())
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmAttach).len(), 1);
+
+    // Once gpu-a holds it, another resource gets a device of its own.
+    let held = Claim {
+        resource: "gpu-a".into(),
+        device_id: Some(serial.clone()),
+        fabric_device_id: Some(uuid.clone()),
+    };
+    let (serial_b, _) = attached(
+        fx.provider
+            .add(&request("gpu-b", "key-b", vec![held]))
+            .await,
+    );
+    assert_ne!(serial_b, serial);
+    assert_eq!(fx.sim.machine_devices(MACHINE).len(), 2);
+    assert_eq!(fx.sim.requests_to(Route::FmAttach).len(), 2);
+
+    // The recorded machine id detaches without the Node.
+    let mut gone = fx.gpu("gpu-a", "no-such-node");
+    gone.device_id = Some(serial);
+    gone.fabric_device_id = Some(uuid);
+    gone.machine_id = Some(MACHINE.into());
+    assert_eq!(
+        fx.provider.remove_resource(&gone).await.unwrap(),
+        cro_runtime::RemoveOutcome::Removed
+    );
+    assert_eq!(fx.sim.machine_devices(MACHINE).len(), 1);
 }
 
 #[tokio::test]
