@@ -359,6 +359,18 @@ impl Env {
         addrs
     }
 
+    /// Starts an operator the test built (e.g. one running `CdiProvider` objects).
+    pub async fn start_built_operator(&mut self, mut operator: Operator) {
+        assert!(self.operator.is_none(), "operator already running");
+        operator.bind().await.expect("listeners");
+        self.metrics = Some(operator.metrics());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(operator.run_until(async {
+            let _ = rx.await;
+        }));
+        self.operator = Some((task, tx));
+    }
+
     /// Stops the operator gracefully and returns how it ended.
     pub async fn stop_operator(&mut self) -> Result<(), OperatorError> {
         let (task, tx) = self.operator.take().expect("operator running");

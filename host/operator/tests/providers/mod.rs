@@ -1,0 +1,253 @@
+//! Several providers as `CdiProvider` objects on the real API server: routing two node
+//! pools to two providers, routing errors, hot reload under load, the deletion
+//! finalizer and the Secret namespace rule (crate::registry, docs/providers.md).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cro_api::{
+    CONDITION_DEGRADED, CONDITION_READY, CdiProvider, CdiProviderSpec, ComponentSource,
+    ConfigMapSource,
+};
+use cro_operator::Operator;
+use cro_operator::config::ProviderSource;
+use cro_operator::source::FetchOptions;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::{CONVERGE, Env, OPERATOR_NS, eventually, gpu};
+
+/// The FTI provider's spec for `env`'s fabric, as the Go environment defines it, with
+/// the CA given inline (a CdiProvider has no files).
+fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca.path(), env.sim.ca_pem()).unwrap();
+    let vars: BTreeMap<&str, String> = BTreeMap::from([
+        ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
+        ("FTI_CDI_API_TYPE", "FM".to_string()),
+        ("FTI_CDI_ENDPOINT", env.sim.endpoint()),
+        ("FTI_CDI_TENANT_ID", env.sim.tenant_id().to_string()),
+        ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
+        (
+            "CRO_FTI_COMPONENT",
+            cro_test_support::component("fti-provider").display().to_string(),
+        ),
+    ]);
+    let spec = cro_operator::compat::fti_spec_from_env(|k| vars.get(k).cloned())
+        .unwrap()
+        .unwrap();
+    let cdi: CdiProviderSpec = serde_json::from_value(json!({
+        "source": {"configMap": {"name": "fti", "namespace": OPERATOR_NS, "key": "fti.wasm"}},
+        "config": spec.config,
+        "grants": spec.grants,
+        "limits": spec.limits,
+    }))
+    .unwrap();
+    (cdi, ca)
+}
+
+async fn put_component(env: &Env, name: &str, key: &str, bytes: Vec<u8>) {
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), OPERATOR_NS);
+    let map = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(key.into(), ByteString(bytes))])),
+        ..Default::default()
+    };
+    if maps.get_opt(name).await.unwrap().is_some() {
+        maps.replace(name, &PostParams::default(), &map).await.unwrap();
+    } else {
+        maps.create(&PostParams::default(), &map).await.unwrap();
+    }
+}
+
+fn source(name: &str, key: &str) -> ComponentSource {
+    ComponentSource {
+        config_map: Some(ConfigMapSource {
+            name: name.into(),
+            namespace: OPERATOR_NS.into(),
+            key: key.into(),
+        }),
+        ..ComponentSource::default()
+    }
+}
+
+fn pool(value: &str) -> Option<LabelSelector> {
+    Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("pool".to_string(), value.to_string())])),
+        match_expressions: None,
+    })
+}
+
+fn providers(env: &Env) -> Api<CdiProvider> {
+    Api::all(env.client.clone())
+}
+
+async fn create_provider(env: &Env, name: &str, spec: CdiProviderSpec) {
+    providers(env)
+        .create(&PostParams::default(), &CdiProvider::new(name, spec))
+        .await
+        .unwrap();
+}
+
+async fn label_node(env: &Env, node: &str, pool: &str) {
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pool": pool}}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn condition(p: &CdiProvider, type_: &str) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits until `name` serves the component with `digest` (any when None), not degraded.
+async fn wait_loaded(env: &Env, name: &str, digest: Option<&str>) -> CdiProvider {
+    eventually(&format!("CdiProvider {name} loaded"), CONVERGE, || async {
+        let p = providers(env).get(name).await.ok()?;
+        let s = p.status.as_ref()?;
+        (condition(&p, CONDITION_READY)? == ("True".into(), "Loaded".into())
+            && condition(&p, CONDITION_DEGRADED)?.0 == "False"
+            && s.observed_generation == p.metadata.generation
+            && digest.is_none_or(|d| s.loaded_digest.as_deref() == Some(d)))
+        .then_some(p)
+    })
+    .await
+}
+
+async fn start_objects_operator(env: &mut Env) {
+    let mut config = env.config.clone();
+    config.provider = ProviderSource::Objects;
+    config.credentials = None;
+    let operator = Operator::for_objects(
+        env.client.clone(),
+        Arc::new(env.nodes.clone()),
+        config,
+        FetchOptions::default(),
+    );
+    env.start_built_operator(operator).await;
+}
+
+fn fti_bytes() -> Vec<u8> {
+    std::fs::read(cro_test_support::component("fti-provider")).unwrap()
+}
+
+async fn events_about(env: &Env, ns: Option<&str>, name: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = match ns {
+        Some(ns) => Api::namespaced(env.client.clone(), ns),
+        None => Api::all(env.client.clone()),
+    };
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
+    let mut env = Env::start().await;
+    env.add_node("pool-a-1", "16").await;
+    env.add_node("pool-b-1", "16").await;
+    env.add_node("pool-c-1", "16").await;
+    label_node(&env, "pool-a-1", "a").await;
+    label_node(&env, "pool-b-1", "b").await;
+    label_node(&env, "pool-c-1", "c").await;
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
+    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
+    let (base, _ca) = fti_spec(&env);
+    for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
+        let mut spec = base.clone();
+        spec.node_selector = pool(p);
+        create_provider(&env, name, spec).await;
+    }
+    start_objects_operator(&mut env).await;
+    let a = wait_loaded(&env, "fabric-a", None).await;
+    wait_loaded(&env, "fabric-b", None).await;
+    let status = a.status.unwrap();
+    assert!(status.loaded_digest.unwrap().starts_with("sha256:"));
+    assert_eq!(status.contract_version.as_deref(), Some("0.2.0"));
+    assert!(!status.describe.unwrap().vendor.is_empty());
+
+    for (req, node) in [("on-a", "pool-a-1"), ("on-b", "pool-b-1")] {
+        let mut d = gpu(1);
+        d.target_node = Some(node.into());
+        env.create_request(req, d).await;
+    }
+    env.wait_running("on-a", 1).await;
+    env.wait_running("on-b", 1).await;
+    // Each provider served its own pool's calls: both counted calls.
+    for name in ["fabric-a", "fabric-b"] {
+        eventually(&format!("{name} counts its calls"), CONVERGE, || async {
+            let p = providers(&env).get(name).await.ok()?;
+            (p.status?.calls?.total > 0).then_some(())
+        })
+        .await;
+    }
+
+    // A node no selector matches, and no default provider: a clear error and an Event.
+    let mut d = gpu(1);
+    d.target_node = Some("pool-c-1".into());
+    env.create_request("on-c", d).await;
+    let resource = eventually("the pool-c resource reports no provider", CONVERGE, || async {
+        let r = env.resources_of("on-c").await.into_iter().next()?;
+        r.status
+            .as_ref()?
+            .error
+            .contains("no CdiProvider serves node pool-c-1")
+            .then_some(r)
+    })
+    .await;
+    eventually("an Event names the routing error", CONVERGE, || async {
+        events_about(&env, None, &resource.name_any())
+            .await
+            .iter()
+            .any(|(_, note)| note.contains("no CdiProvider serves node pool-c-1"))
+            .then_some(())
+    })
+    .await;
+
+    // Two providers selecting one node: the error names both.
+    let mut spec = base.clone();
+    spec.node_selector = pool("c");
+    create_provider(&env, "fabric-c1", spec.clone()).await;
+    create_provider(&env, "fabric-c2", spec).await;
+    eventually("the pool-c resource reports two providers", CONVERGE, || async {
+        let r = env.resources_of("on-c").await.into_iter().next()?;
+        let e = r.status?.error;
+        (e.contains("more than one CdiProvider serves node pool-c-1")
+            && e.contains("fabric-c1, fabric-c2"))
+        .then_some(())
+    })
+    .await;
+    // Removing one makes the other serve the node: the request converges.
+    providers(&env)
+        .delete("fabric-c2", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_running("on-c", 1).await;
+
+    for req in ["on-a", "on-b", "on-c"] {
+        env.delete_request(req).await;
+    }
+    env.assert_nothing_attached().await;
+    env.stop_operator().await.unwrap();
+}
