@@ -251,3 +251,143 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     env.assert_nothing_attached().await;
     env.stop_operator().await.unwrap();
 }
+
+/// `bytes` with a custom section appended: the same component, another digest.
+fn rebuilt(bytes: &[u8], note: &str) -> Vec<u8> {
+    let mut payload = vec![u8::try_from(note.len()).unwrap()];
+    payload.extend_from_slice(note.as_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0); // custom section
+    out.push(u8::try_from(payload.len()).unwrap());
+    out.extend(payload);
+    out
+}
+
+fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", cro_operator::source::sha256_hex(bytes))
+}
+
+async fn set_source(env: &Env, name: &str, key: &str) {
+    providers(env)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"configMap": {"key": key}}}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_under_load_swaps_without_failing_calls_and_survives_a_broken_component() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.add_node("worker-2", "16").await;
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
+    let v1 = fti_bytes();
+    let v2 = rebuilt(&v1, "cro-test-v2");
+    assert_ne!(digest(&v1), digest(&v2));
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), OPERATOR_NS);
+    maps.create(
+        &PostParams::default(),
+        &ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("fti".into()),
+                ..Default::default()
+            },
+            binary_data: Some(BTreeMap::from([
+                ("v1.wasm".to_string(), ByteString(v1.clone())),
+                ("v2.wasm".to_string(), ByteString(v2.clone())),
+                (
+                    "broken.wasm".to_string(),
+                    ByteString(b"\0asm not a component".to_vec()),
+                ),
+            ])),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (mut spec, _ca) = fti_spec(&env);
+    spec.source = source("fti", "v1.wasm");
+    spec.default = true;
+    create_provider(&env, "fabric", spec).await;
+    start_objects_operator(&mut env).await;
+    wait_loaded(&env, "fabric", Some(&digest(&v1))).await;
+
+    // Load: two requests attach and detach in turns on both nodes until told to stop.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let env = Arc::new(env);
+    let mut load = tokio::task::JoinSet::new();
+    for node in ["worker-1", "worker-2"] {
+        let (env, stop) = (env.clone(), stop_rx.clone());
+        load.spawn(async move {
+            let mut rounds = 0u32;
+            while !*stop.borrow() {
+                let name = format!("{node}-r{rounds}");
+                let mut d = gpu(1);
+                d.target_node = Some(node.into());
+                env.create_request(&name, d).await;
+                env.wait_running(&name, 1).await;
+                env.delete_request(&name).await;
+                rounds += 1;
+            }
+            rounds
+        });
+    }
+    let settle = || async {
+        // At least one more attach and detach on each node after each change.
+        let p = providers(&env).get("fabric").await.unwrap();
+        let before = p.status.and_then(|s| s.calls).map_or(0, |c| c.total);
+        eventually("calls go on after the change", CONVERGE, || async {
+            let p = providers(&env).get("fabric").await.ok()?;
+            (p.status?.calls?.total >= before + 8).then_some(())
+        })
+        .await;
+    };
+    settle().await;
+
+    // A new digest: swapped in while calls run.
+    set_source(&env, "fabric", "v2.wasm").await;
+    wait_loaded(&env, "fabric", Some(&digest(&v2))).await;
+    settle().await;
+
+    // A broken component: refused, Degraded, v2 keeps serving.
+    set_source(&env, "fabric", "broken.wasm").await;
+    let p = eventually("the broken component is refused", CONVERGE, || async {
+        let p = providers(&env).get("fabric").await.ok()?;
+        (p.status.as_ref()?.observed_generation == p.metadata.generation
+            && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "LoadFailed".into()))
+        .then_some(p)
+    })
+    .await;
+    let status = p.status.clone().unwrap();
+    assert_eq!(condition(&p, CONDITION_READY).unwrap().0, "True");
+    assert_eq!(status.loaded_digest.as_deref(), Some(digest(&v2).as_str()));
+    assert!(status.last_error.unwrap().starts_with("load:"));
+    settle().await;
+
+    let _ = stop_tx.send(true);
+    let mut rounds = 0;
+    while let Some(r) = load.join_next().await {
+        rounds += r.unwrap();
+    }
+    assert!(rounds >= 4, "only {rounds} attach/detach rounds ran");
+    // No call failed, across both swaps and the refusal; nothing was left attached.
+    eventually("final call counts", CONVERGE, || async {
+        let p = providers(&env).get("fabric").await.ok()?;
+        let calls = p.status?.calls?;
+        assert_eq!(calls.failed, 0, "calls failed during the swaps");
+        (calls.total > 0).then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+    assert!(
+        events_about(&env, None, "fabric")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "LoadFailed")
+    );
+    let mut env = Arc::into_inner(env).expect("load tasks ended");
+    env.stop_operator().await.unwrap();
+}
