@@ -161,7 +161,12 @@ impl Operator {
                     WebhookTls::reloading(Arc::new(ReloadingCert::default()))?
                 }
             };
-            self.webhook = Some(WebhookServer::bind(w.addr, tls).await?);
+            let server = WebhookServer::bind(w.addr, tls).await?;
+            self.webhook = Some(if self.config.provider == ProviderSource::Objects {
+                server.with_providers()
+            } else {
+                server
+            });
         }
         let probes = self.probes.as_ref().map(|p| p.local_addr()).transpose()?;
         let webhook = self.webhook.as_ref().map(|w| w.local_addr()).transpose()?;

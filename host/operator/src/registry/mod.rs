@@ -10,6 +10,7 @@
 //! Providers come from `CdiProvider` objects ([`watch`]) or, for compatibility, from
 //! `--provider-spec` / the Go environment as one implicit provider.
 
+pub mod admit;
 pub mod load;
 pub mod route;
 pub mod status;
