@@ -245,7 +245,56 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
         .unwrap();
     env.wait_running("on-c", 1).await;
 
-    for req in ["on-a", "on-b", "on-c"] {
+    // Least privilege: a Secret granted from a namespace the operator was not allowed.
+    let mut spec = base.clone();
+    spec.node_selector = pool("z");
+    if let Some(secret) = spec.grants.secret.as_mut() {
+        secret.namespace = "default".into();
+    }
+    create_provider(&env, "fabric-elsewhere", spec).await;
+    eventually("a Secret from another namespace is refused", CONVERGE, || async {
+        let p = providers(&env).get("fabric-elsewhere").await.ok()?;
+        let error = p.status.as_ref()?.last_error.clone()?;
+        (condition(&p, CONDITION_READY)? == ("False".into(), "SecretNotAllowed".into())
+            && error.contains("grants.secret default/")
+            && error.contains(OPERATOR_NS))
+        .then_some(())
+    })
+    .await;
+
+    // Deletion waits while the provider serves an attached device, and says which.
+    let held = env.resources_of("on-a").await[0].name_any();
+    providers(&env)
+        .delete("fabric-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("fabric-a's deletion names the device blocking it", CONVERGE, || async {
+        let p = providers(&env).get("fabric-a").await.ok()?;
+        (p.metadata.deletion_timestamp.is_some()
+            && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "DeletionBlocked".into())
+            && p.status?.last_error?.contains(&held))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        events_about(&env, None, "fabric-a")
+            .await
+            .iter()
+            .any(|(reason, note)| reason == "DeletionBlocked" && note.contains(&held))
+    );
+    // It still serves the detach; then it goes.
+    env.delete_request("on-a").await;
+    eventually("fabric-a deleted once nothing is attached", CONVERGE, || async {
+        providers(&env)
+            .get_opt("fabric-a")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    for req in ["on-b", "on-c"] {
         env.delete_request(req).await;
     }
     env.assert_nothing_attached().await;
