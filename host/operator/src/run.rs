@@ -22,9 +22,9 @@ use crate::nodeops::dra::DraApis;
 use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::probes::{ProbeServer, Readiness};
 use crate::provider::DeviceProvider;
-use crate::webhook::{WebhookServer, WebhookTls};
 use crate::registry::watch::WatchOptions;
 use crate::registry::{IMPLICIT_PROVIDER, Registry};
+use crate::webhook::{WebhookServer, WebhookTls};
 use crate::{compat, leader, registry, request, resource, startup, sync};
 
 /// How often mounted certificate files are compared with the ones in use.
@@ -92,11 +92,23 @@ impl Operator {
 
     fn with_provider(
         client: kube::Client,
-        provider: Arc<dyn DeviceProvider>,
+        registry: Arc<Registry>,
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
+        let routed = registry.clone();
+        metrics.watch_routed_calls(move || {
+            routed
+                .slots()
+                .iter()
+                .map(|s| {
+                    let (calls, failed) = s.counts();
+                    (s.name(), calls, failed)
+                })
+                .collect()
+        });
+        let provider: Arc<dyn DeviceProvider> = registry;
         let counted = provider.clone();
         metrics.watch_denials(move || counted.denials());
         let budgeted = provider.clone();

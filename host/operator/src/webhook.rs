@@ -11,8 +11,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use cro_api::{CdiProvider, ComposabilityRequest};
 use futures::{FutureExt, StreamExt};
-use kube::ResourceExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -24,9 +24,9 @@ use crate::admission::{self, Refusal};
 use crate::certs::ReloadingCert;
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
-use crate::serve::{self, ServerLimits};
 use crate::registry::admit::{self, ProviderRefusal};
 use crate::registry::route::{self, RouteEntry};
+use crate::serve::{self, ServerLimits};
 use crate::views;
 
 /// The path the Go operator's webhook configuration uses.
@@ -368,21 +368,38 @@ async fn review_provider(
     request: &AdmissionRequest<DynamicObject>,
 ) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
-    let deny = |response: AdmissionResponse, outcome: &str, reason: Option<&str>, message: String| {
-        state.metrics.admission(outcome, reason);
-        tracing::info!(name = %request.name, %message, "CdiProvider admission denied");
-        response.deny(message)
-    };
+    let deny =
+        |response: AdmissionResponse, outcome: &str, reason: Option<&str>, message: String| {
+            state.metrics.admission(outcome, reason);
+            tracing::info!(name = %request.name, %message, "CdiProvider admission denied");
+            response.deny(message)
+        };
     if !matches!(request.operation, Operation::Create | Operation::Update) {
         state.metrics.admission("allowed", None);
         return response;
     }
-    let new = match request.object.as_ref().map(|o| {
-        serde_json::to_value(o).and_then(serde_json::from_value::<CdiProvider>)
-    }) {
+    let new = match request
+        .object
+        .as_ref()
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<CdiProvider>))
+    {
         Some(Ok(p)) => p,
-        Some(Err(e)) => return deny(response, "invalid", None, format!("not a valid CdiProvider: {e}")),
-        None => return deny(response, "invalid", None, "the request has no object".into()),
+        Some(Err(e)) => {
+            return deny(
+                response,
+                "invalid",
+                None,
+                format!("not a valid CdiProvider: {e}"),
+            );
+        }
+        None => {
+            return deny(
+                response,
+                "invalid",
+                None,
+                "the request has no object".into(),
+            );
+        }
     };
     if new.metadata.deletion_timestamp.is_some() {
         state.metrics.admission("allowed", None);
@@ -396,7 +413,12 @@ async fn review_provider(
         .await
         .map_or(true, |r| r.is_err())
     {
-        return deny(response, "error", None, "the webhook's view of CdiProviders is not loaded yet; retry".into());
+        return deny(
+            response,
+            "error",
+            None,
+            "the webhook's view of CdiProviders is not loaded yet; retry".into(),
+        );
     }
     let others: Vec<RouteEntry> = providers.state().iter().map(|p| route_entry(p)).collect();
     match admit::validate(&route_entry(&new), &others) {

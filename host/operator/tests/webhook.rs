@@ -595,9 +595,15 @@ async fn overlapping_providers_a_second_default_and_unserved_nodes_are_refused()
     };
 
     // No provider yet: a request targeting worker-1 is refused, naming the node.
-    let refusal = eventually("the webhook to refuse an unserved node", CONVERGE, || async {
-        create(&env, "unserved", on_node(MODEL, "worker-1")).await.err()
-    })
+    let refusal = eventually(
+        "the webhook to refuse an unserved node",
+        CONVERGE,
+        || async {
+            create(&env, "unserved", on_node(MODEL, "worker-1"))
+                .await
+                .err()
+        },
+    )
     .await;
     assert!(
         refusal.contains("no CdiProvider serves node worker-1"),
@@ -608,7 +614,9 @@ async fn overlapping_providers_a_second_default_and_unserved_nodes_are_refused()
     let pool_a_rack = serde_json::json!({"matchLabels": {"pool": "a", "rack": "1"}});
     let pool_b = serde_json::json!({"matchLabels": {"pool": "b"}});
     eventually("the first provider admitted", CONVERGE, || async {
-        create_provider(provider("a", pool_a.clone(), false)).await.ok()
+        create_provider(provider("a", pool_a.clone(), false))
+            .await
+            .ok()
     })
     .await;
     let overlap = create_provider(provider("a-rack", pool_a_rack, false))
@@ -627,9 +635,15 @@ async fn overlapping_providers_a_second_default_and_unserved_nodes_are_refused()
         "{second}"
     );
     // With a default provider, worker-1 is served: the request is admitted.
-    eventually("the request admitted once a default serves", CONVERGE, || async {
-        create(&env, "served", on_node(MODEL, "worker-1")).await.ok()
-    })
+    eventually(
+        "the request admitted once a default serves",
+        CONVERGE,
+        || async {
+            create(&env, "served", on_node(MODEL, "worker-1"))
+                .await
+                .ok()
+        },
+    )
     .await;
     env.stop_operator().await.unwrap();
 }

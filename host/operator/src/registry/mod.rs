@@ -182,16 +182,22 @@ impl Registry {
 
     /// The name of the provider serving `node`.
     pub fn route(&self, node: &str) -> Result<String, RouteError> {
-        let entries: Vec<RouteEntry> = self.slots().iter().map(|s| read(&s.route).clone()).collect();
+        let entries: Vec<RouteEntry> = self
+            .slots()
+            .iter()
+            .map(|s| read(&s.route).clone())
+            .collect();
         // One implicit provider serves every node, known or not.
         if let Labels::NotNeeded = self.labels
             && let [only] = entries.as_slice()
         {
             return Ok(only.name.clone());
         }
-        let labels = self.node_labels(node).ok_or_else(|| RouteError::UnknownNode {
-            node: node.to_owned(),
-        })?;
+        let labels = self
+            .node_labels(node)
+            .ok_or_else(|| RouteError::UnknownNode {
+                node: node.to_owned(),
+            })?;
         route::route(node, &labels, &entries).map(|e| e.name.clone())
     }
 
@@ -324,9 +330,11 @@ impl Registry {
             match r {
                 Ok(devices) => {
                     answered += 1;
-                    all.extend(devices.into_iter().filter(|d| {
-                        single || self.route(&d.node).is_ok_and(|n| n == name)
-                    }));
+                    all.extend(
+                        devices
+                            .into_iter()
+                            .filter(|d| single || self.route(&d.node).is_ok_and(|n| n == name)),
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(provider = %name, error = %e, "upstream sync: listing failed");

@@ -22,10 +22,15 @@ pub struct RouteEntry {
 /// Why no single provider serves a node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
-    #[error("no CdiProvider serves node {node}: no nodeSelector matches its labels and no provider is the default")]
+    #[error(
+        "no CdiProvider serves node {node}: no nodeSelector matches its labels and no provider is the default"
+    )]
     NoProvider { node: String },
     #[error("more than one CdiProvider serves node {node}: {}", .providers.join(", "))]
-    Ambiguous { node: String, providers: Vec<String> },
+    Ambiguous {
+        node: String,
+        providers: Vec<String>,
+    },
     #[error("node {node} is not known (not in the Node cache)")]
     UnknownNode { node: String },
 }
@@ -142,9 +147,18 @@ mod tests {
             entry("b", Some(sel(&[("pool", "b")])), false),
             entry("d", None, true),
         ];
-        assert_eq!(route("n", &labels(&[("pool", "b")]), &ps).unwrap().name, "b");
-        assert_eq!(route("n", &labels(&[("pool", "a")]), &ps).unwrap().name, "a");
-        assert_eq!(route("n", &labels(&[("pool", "c")]), &ps).unwrap().name, "d");
+        assert_eq!(
+            route("n", &labels(&[("pool", "b")]), &ps).unwrap().name,
+            "b"
+        );
+        assert_eq!(
+            route("n", &labels(&[("pool", "a")]), &ps).unwrap().name,
+            "a"
+        );
+        assert_eq!(
+            route("n", &labels(&[("pool", "c")]), &ps).unwrap().name,
+            "d"
+        );
         assert_eq!(route("n", &labels(&[]), &ps).unwrap().name, "d");
     }
 

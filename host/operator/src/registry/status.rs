@@ -106,9 +106,14 @@ pub fn status(observed: &Observed, previous: &[Condition]) -> CdiProviderStatus 
         ),
     };
     let degraded = match &observed.failure {
-        Some((reason, message)) => {
-            condition(CONDITION_DEGRADED, true, reason, message.clone(), g, previous)
-        }
+        Some((reason, message)) => condition(
+            CONDITION_DEGRADED,
+            true,
+            reason,
+            message.clone(),
+            g,
+            previous,
+        ),
         None => condition(
             CONDITION_DEGRADED,
             false,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cro_api::{CallCounts, CdiProvider, ComposableResource, ComponentSource};
+use cro_api::{CallCounts, CdiProvider, ComponentSource, ComposableResource};
 use cro_runtime::{Runtime, RuntimeOptions};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -146,12 +146,23 @@ impl Watcher {
         let key = component_key(&object);
         let known = self.known.remove(&name).unwrap_or_default();
         let unchanged = known.key == key && known.failure.is_none() && known.serving.is_some();
-        let refetch = resync && matches!(object.spec.source, ComponentSource { config_map: Some(_), .. });
+        let refetch = resync
+            && matches!(
+                object.spec.source,
+                ComponentSource {
+                    config_map: Some(_),
+                    ..
+                }
+            );
         let known = if unchanged && !refetch {
             known
         } else if known.key == key && known.failure.is_some() && resync {
             // The same spec failed before: try again only when its bytes may have changed.
-            if refetch { self.apply(&object, &slot, key, known).await } else { known }
+            if refetch {
+                self.apply(&object, &slot, key, known).await
+            } else {
+                known
+            }
         } else {
             self.apply(&object, &slot, key, known).await
         };
@@ -160,14 +171,23 @@ impl Watcher {
             generation: object.metadata.generation,
             serving: known.serving.clone(),
             failure: known.failure.clone(),
-            calls: CallCounts { total: calls, failed },
+            calls: CallCounts {
+                total: calls,
+                failed,
+            },
         };
         self.known.insert(name.clone(), known);
         self.write_status(&object, &observed).await;
     }
 
     /// Fetches and, when the bytes or the spec changed, loads and swaps in the component.
-    async fn apply(&self, object: &CdiProvider, slot: &Slot, key: String, mut known: Known) -> Known {
+    async fn apply(
+        &self,
+        object: &CdiProvider,
+        slot: &Slot,
+        key: String,
+        mut known: Known,
+    ) -> Known {
         let name = object.name_any();
         match self.load(object, &key, &known).await {
             Ok(None) => {
@@ -184,8 +204,14 @@ impl Watcher {
             Err(e) => {
                 tracing::warn!(provider = %name, error = %e, "provider not (re)loaded; the previous component, if any, keeps serving");
                 if known.failure.as_ref().map(|f| &f.1) != Some(&e.to_string()) {
-                    self.event(object, EventType::Warning, e.reason(), "Load", e.to_string())
-                        .await;
+                    self.event(
+                        object,
+                        EventType::Warning,
+                        e.reason(),
+                        "Load",
+                        e.to_string(),
+                    )
+                    .await;
                 }
                 known.failure = Some((e.reason().to_owned(), e.to_string()));
             }
@@ -205,7 +231,10 @@ impl Watcher {
         load::check_secret_namespace(&object.spec, &self.options.allowed_secret_namespaces)?;
         let spec = load::provider_spec(&name, &object.spec)?;
         let fetched = source::fetch(&self.client, &object.spec.source, &self.options.fetch).await?;
-        if known.key == key && known.digest.as_deref() == Some(fetched.digest.as_str()) && known.serving.is_some() {
+        if known.key == key
+            && known.digest.as_deref() == Some(fetched.digest.as_str())
+            && known.serving.is_some()
+        {
             return Ok(None);
         }
         let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched).await?;
@@ -228,7 +257,13 @@ impl Watcher {
         };
         // A merge patch keeps fields it does not name: clear the ones now unset.
         if let Some(map) = value.as_object_mut() {
-            for field in ["lastError", "loadedDigest", "contractVersion", "describe", "capabilities"] {
+            for field in [
+                "lastError",
+                "loadedDigest",
+                "contractVersion",
+                "describe",
+                "capabilities",
+            ] {
                 map.entry(field).or_insert(serde_json::Value::Null);
             }
         }
@@ -265,7 +300,11 @@ impl Watcher {
             }
         });
         if let Err(e) = api
-            .patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
             .await
         {
             tracing::debug!(provider = %object.name_any(), error = %crate::text::kube_error(&e), "cannot update CdiProvider finalizers");
@@ -311,16 +350,32 @@ impl Watcher {
             generation: object.metadata.generation,
             serving: known.serving.clone(),
             failure: known.failure.clone(),
-            calls: CallCounts { total: calls, failed },
+            calls: CallCounts {
+                total: calls,
+                failed,
+            },
         };
         if changed {
-            self.event(object, EventType::Warning, "DeletionBlocked", "Delete", message)
-                .await;
+            self.event(
+                object,
+                EventType::Warning,
+                "DeletionBlocked",
+                "Delete",
+                message,
+            )
+            .await;
         }
         self.write_status(object, &observed).await;
     }
 
-    async fn event(&self, object: &CdiProvider, type_: EventType, reason: &str, action: &str, note: String) {
+    async fn event(
+        &self,
+        object: &CdiProvider,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -344,12 +399,18 @@ impl Watcher {
 }
 
 /// The resources (`name (device id)`) on nodes `provider` serves that hold a device.
-pub fn blocking_devices(registry: &Registry, provider: &str, resources: &[ComposableResource]) -> Vec<String> {
+pub fn blocking_devices(
+    registry: &Registry,
+    provider: &str,
+    resources: &[ComposableResource],
+) -> Vec<String> {
     resources
         .iter()
         .filter_map(|r| {
             let device = r.device_id()?;
-            let serves = registry.route(&r.spec.target_node).is_ok_and(|n| n == provider);
+            let serves = registry
+                .route(&r.spec.target_node)
+                .is_ok_and(|n| n == provider);
             serves.then(|| format!("{} ({device})", r.name_any()))
         })
         .collect()

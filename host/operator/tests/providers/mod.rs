@@ -34,7 +34,9 @@ fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {
         ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
         (
             "CRO_FTI_COMPONENT",
-            cro_test_support::component("fti-provider").display().to_string(),
+            cro_test_support::component("fti-provider")
+                .display()
+                .to_string(),
         ),
     ]);
     let spec = cro_operator::compat::fti_spec_from_env(|k| vars.get(k).cloned())
@@ -61,7 +63,9 @@ async fn put_component(env: &Env, name: &str, key: &str, bytes: Vec<u8>) {
         ..Default::default()
     };
     if maps.get_opt(name).await.unwrap().is_some() {
-        maps.replace(name, &PostParams::default(), &map).await.unwrap();
+        maps.replace(name, &PostParams::default(), &map)
+            .await
+            .unwrap();
     } else {
         maps.create(&PostParams::default(), &map).await.unwrap();
     }
@@ -203,18 +207,33 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
         .await;
     }
 
+    // Metrics carry the provider's name.
+    let text = env.metrics.as_ref().unwrap().encode();
+    for name in ["fabric-a", "fabric-b"] {
+        assert!(
+            text.contains(&format!(
+                "cro_provider_routed_calls_total{{provider=\"{name}\",outcome=\"ok\"}}"
+            )),
+            "{text}"
+        );
+    }
+
     // A node no selector matches, and no default provider: a clear error and an Event.
     let mut d = gpu(1);
     d.target_node = Some("pool-c-1".into());
     env.create_request("on-c", d).await;
-    let resource = eventually("the pool-c resource reports no provider", CONVERGE, || async {
-        let r = env.resources_of("on-c").await.into_iter().next()?;
-        r.status
-            .as_ref()?
-            .error
-            .contains("no CdiProvider serves node pool-c-1")
-            .then_some(r)
-    })
+    let resource = eventually(
+        "the pool-c resource reports no provider",
+        CONVERGE,
+        || async {
+            let r = env.resources_of("on-c").await.into_iter().next()?;
+            r.status
+                .as_ref()?
+                .error
+                .contains("no CdiProvider serves node pool-c-1")
+                .then_some(r)
+        },
+    )
     .await;
     eventually("an Event names the routing error", CONVERGE, || async {
         events_about(&env, None, &resource.name_any())
@@ -230,13 +249,17 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     spec.node_selector = pool("c");
     create_provider(&env, "fabric-c1", spec.clone()).await;
     create_provider(&env, "fabric-c2", spec).await;
-    eventually("the pool-c resource reports two providers", CONVERGE, || async {
-        let r = env.resources_of("on-c").await.into_iter().next()?;
-        let e = r.status?.error;
-        (e.contains("more than one CdiProvider serves node pool-c-1")
-            && e.contains("fabric-c1, fabric-c2"))
-        .then_some(())
-    })
+    eventually(
+        "the pool-c resource reports two providers",
+        CONVERGE,
+        || async {
+            let r = env.resources_of("on-c").await.into_iter().next()?;
+            let e = r.status?.error;
+            (e.contains("more than one CdiProvider serves node pool-c-1")
+                && e.contains("fabric-c1, fabric-c2"))
+            .then_some(())
+        },
+    )
     .await;
     // Removing one makes the other serve the node: the request converges.
     providers(&env)
@@ -252,14 +275,18 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
         secret.namespace = "default".into();
     }
     create_provider(&env, "fabric-elsewhere", spec).await;
-    eventually("a Secret from another namespace is refused", CONVERGE, || async {
-        let p = providers(&env).get("fabric-elsewhere").await.ok()?;
-        let error = p.status.as_ref()?.last_error.clone()?;
-        (condition(&p, CONDITION_READY)? == ("False".into(), "SecretNotAllowed".into())
-            && error.contains("grants.secret default/")
-            && error.contains(OPERATOR_NS))
-        .then_some(())
-    })
+    eventually(
+        "a Secret from another namespace is refused",
+        CONVERGE,
+        || async {
+            let p = providers(&env).get("fabric-elsewhere").await.ok()?;
+            let error = p.status.as_ref()?.last_error.clone()?;
+            (condition(&p, CONDITION_READY)? == ("False".into(), "SecretNotAllowed".into())
+                && error.contains("grants.secret default/")
+                && error.contains(OPERATOR_NS))
+            .then_some(())
+        },
+    )
     .await;
 
     // Deletion waits while the provider serves an attached device, and says which.
@@ -268,13 +295,17 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
         .delete("fabric-a", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("fabric-a's deletion names the device blocking it", CONVERGE, || async {
-        let p = providers(&env).get("fabric-a").await.ok()?;
-        (p.metadata.deletion_timestamp.is_some()
-            && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "DeletionBlocked".into())
-            && p.status?.last_error?.contains(&held))
-        .then_some(())
-    })
+    eventually(
+        "fabric-a's deletion names the device blocking it",
+        CONVERGE,
+        || async {
+            let p = providers(&env).get("fabric-a").await.ok()?;
+            (p.metadata.deletion_timestamp.is_some()
+                && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "DeletionBlocked".into())
+                && p.status?.last_error?.contains(&held))
+            .then_some(())
+        },
+    )
     .await;
     assert!(
         events_about(&env, None, "fabric-a")
@@ -284,14 +315,18 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     );
     // It still serves the detach; then it goes.
     env.delete_request("on-a").await;
-    eventually("fabric-a deleted once nothing is attached", CONVERGE, || async {
-        providers(&env)
-            .get_opt("fabric-a")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
+    eventually(
+        "fabric-a deleted once nothing is attached",
+        CONVERGE,
+        || async {
+            providers(&env)
+                .get_opt("fabric-a")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
 
     for req in ["on-b", "on-c"] {
@@ -407,7 +442,7 @@ async fn hot_reload_under_load_swaps_without_failing_calls_and_survives_a_broken
         let p = providers(&env).get("fabric").await.ok()?;
         (p.status.as_ref()?.observed_generation == p.metadata.generation
             && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "LoadFailed".into()))
-        .then_some(p)
+            .then_some(p)
     })
     .await;
     let status = p.status.clone().unwrap();
