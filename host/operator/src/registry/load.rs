@@ -28,12 +28,17 @@ pub enum LoadError {
     Fetch(#[from] SourceError),
     #[error("load: {0}")]
     Load(String),
+    /// The same bytes under the same spec failed before; not loaded again (the message
+    /// is the earlier failure's).
+    #[error("{message}")]
+    Repeated { reason: String, message: String },
 }
 
 impl LoadError {
     /// The Degraded condition's reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> &str {
         match self {
+            LoadError::Repeated { reason, .. } => reason,
             LoadError::SecretNamespace { .. } => "SecretNotAllowed",
             LoadError::Spec(_) | LoadError::Load(_) => reasons::LOAD_FAILED,
             LoadError::Fetch(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cro_api::{CallCounts, CdiProvider, ComponentSource, ComposableResource};
+use cro_api::{CallCounts, CdiProvider, ComposableResource};
 use cro_runtime::{Runtime, RuntimeOptions};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -44,6 +44,8 @@ struct Known {
     digest: Option<String>,
     serving: Option<Serving>,
     failure: Option<(String, String)>,
+    /// The digest whose load failed under `key` (not loaded again).
+    failed_digest: Option<String>,
 }
 
 struct Watcher {
@@ -145,26 +147,24 @@ impl Watcher {
         }
         let key = component_key(&object);
         let known = self.known.remove(&name).unwrap_or_default();
-        let unchanged = known.key == key && known.failure.is_none() && known.serving.is_some();
-        let refetch = resync
-            && matches!(
-                object.spec.source,
-                ComponentSource {
-                    config_map: Some(_),
-                    ..
-                }
-            );
-        let known = if unchanged && !refetch {
-            known
-        } else if known.key == key && known.failure.is_some() && resync {
-            // The same spec failed before: try again only when its bytes may have changed.
-            if refetch {
-                self.apply(&object, &slot, key, known).await
-            } else {
-                known
-            }
-        } else {
+        let is_config_map = object.spec.source.config_map.is_some();
+        let fetch_failed = known
+            .failure
+            .as_ref()
+            .is_some_and(|(reason, _)| reason == cro_api::reasons::FETCH_FAILED);
+        // A watch event for the same component spec (our own status write, a label)
+        // loads nothing. At a resync, a ConfigMap is re-read for new bytes and a failed
+        // fetch is retried; a component that failed to load is not retried until its
+        // spec or bytes change (loading costs seconds of CPU).
+        let must_apply = known.key != key
+            || (known.serving.is_none() && known.failure.is_none())
+            || (resync && (is_config_map || fetch_failed));
+        let generation_reported = object.status.as_ref().and_then(|s| s.observed_generation)
+            == object.metadata.generation;
+        let known = if must_apply {
             self.apply(&object, &slot, key, known).await
+        } else {
+            known
         };
         let (calls, failed) = slot.counts();
         let observed = Observed {
@@ -177,7 +177,11 @@ impl Watcher {
             },
         };
         self.known.insert(name.clone(), known);
-        self.write_status(&object, &observed).await;
+        // Status is written when something was done or at a resync (call counts), not
+        // for every event: each write is itself an event.
+        if must_apply || resync || !generation_reported {
+            self.write_status(&object, &observed).await;
+        }
     }
 
     /// Fetches and, when the bytes or the spec changed, loads and swaps in the component.
@@ -201,7 +205,8 @@ impl Watcher {
                 known.digest = Some(digest);
                 known.failure = None;
             }
-            Err(e) => {
+            Err((e, digest)) => {
+                known.failed_digest = digest;
                 tracing::warn!(provider = %name, error = %e, "provider not (re)loaded; the previous component, if any, keeps serving");
                 if known.failure.as_ref().map(|f| &f.1) != Some(&e.to_string()) {
                     self.event(
@@ -226,18 +231,37 @@ impl Watcher {
         object: &CdiProvider,
         key: &str,
         known: &Known,
-    ) -> Result<Option<(Arc<cro_runtime::Provider>, String)>, LoadError> {
+    ) -> Result<Option<(Arc<cro_runtime::Provider>, String)>, (LoadError, Option<String>)> {
         let name = object.name_any();
-        load::check_secret_namespace(&object.spec, &self.options.allowed_secret_namespaces)?;
-        let spec = load::provider_spec(&name, &object.spec)?;
-        let fetched = source::fetch(&self.client, &object.spec.source, &self.options.fetch).await?;
+        let early = |e: LoadError| (e, None);
+        load::check_secret_namespace(&object.spec, &self.options.allowed_secret_namespaces)
+            .map_err(early)?;
+        let spec = load::provider_spec(&name, &object.spec).map_err(early)?;
+        let fetched = source::fetch(&self.client, &object.spec.source, &self.options.fetch)
+            .await
+            .map_err(|e| early(e.into()))?;
         if known.key == key
             && known.digest.as_deref() == Some(fetched.digest.as_str())
             && known.serving.is_some()
         {
             return Ok(None);
         }
-        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched).await?;
+        if known.key == key
+            && known.failed_digest.as_deref() == Some(fetched.digest.as_str())
+            && let Some((reason, message)) = &known.failure
+        {
+            return Err((
+                LoadError::Repeated {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                },
+                Some(fetched.digest),
+            ));
+        }
+        let digest = fetched.digest.clone();
+        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched)
+            .await
+            .map_err(|e| (e, Some(digest)))?;
         Ok(Some((loaded.provider, loaded.digest)))
     }
 
