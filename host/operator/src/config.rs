@@ -560,6 +560,39 @@ mod tests {
     }
 
     #[test]
+    fn provider_objects_and_secret_namespaces() {
+        let default = Cli::parse_from(["cro", "--leader-election-namespace", "ops"])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(default.provider, ProviderSource::GoEnvironment);
+        assert_eq!(default.secret_namespaces(), vec!["ops".to_owned()]);
+        let objects = Cli::parse_from([
+            "cro",
+            "--provider-objects=true",
+            "--provider-secret-namespaces",
+            "a, b,",
+        ])
+        .run
+        .into_config()
+        .unwrap();
+        assert_eq!(objects.provider, ProviderSource::Objects);
+        assert_eq!(
+            objects.secret_namespaces(),
+            vec!["a".to_owned(), "b".to_owned()]
+        );
+        assert!(
+            Cli::try_parse_from([
+                "cro",
+                "--provider-objects=true",
+                "--provider-spec",
+                "/etc/cro/fti.yaml"
+            ])
+            .is_err()
+        );
+    }
+
+    #[test]
     fn flags_become_a_config() {
         let cli = Cli::parse_from([
             "cro",
