@@ -163,6 +163,8 @@ pub enum ProviderSource {
     SpecFile(PathBuf),
     /// The Go operator's environment (`CDI_PROVIDER_TYPE=FTI_CDI` and friends).
     GoEnvironment,
+    /// `CdiProvider` objects (crate::registry): several providers, routed by node.
+    Objects,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,6 +193,8 @@ pub struct OperatorConfig {
     /// The Secret the provider spec grants: credential failures name it
     /// (crate::credentials). Set when the provider is loaded.
     pub credentials: Option<crate::credentials::SecretRef>,
+    /// Namespaces a `CdiProvider` may grant a Secret from; empty means `namespace` only.
+    pub provider_secret_namespaces: Vec<String>,
 }
 
 impl OperatorConfig {
@@ -209,6 +213,16 @@ impl OperatorConfig {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             release_orphan_cxl_memory: false,
             credentials: None,
+            provider_secret_namespaces: Vec::new(),
+        }
+    }
+
+    /// Namespaces a `CdiProvider` may grant a Secret from.
+    pub fn secret_namespaces(&self) -> Vec<String> {
+        if self.provider_secret_namespaces.is_empty() {
+            vec![self.namespace.clone()]
+        } else {
+            self.provider_secret_namespaces.clone()
         }
     }
 }
@@ -245,8 +259,17 @@ pub struct RunArgs {
     pub gpu_operator_namespace: String,
     /// Provider spec file (component and grants). Without it, the Go operator's
     /// variables (CDI_PROVIDER_TYPE=FTI_CDI, FTI_CDI_*) select the shipped FTI component.
-    #[arg(long, env = "CRO_PROVIDER_SPEC")]
+    #[arg(long, env = "CRO_PROVIDER_SPEC", conflicts_with = "provider_objects")]
     pub provider_spec: Option<PathBuf>,
+    /// Run the providers the cluster's `CdiProvider` objects define (several fabrics,
+    /// routed by node selector, reloaded on change) instead of one from a spec file or
+    /// the Go environment.
+    #[arg(long, env = "CRO_PROVIDER_OBJECTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub provider_objects: bool,
+    /// Namespaces a `CdiProvider` may grant a Secret from (comma-separated); by default
+    /// only the operator's own namespace.
+    #[arg(long, env = "CRO_PROVIDER_SECRET_NAMESPACES", value_delimiter = ',')]
+    pub provider_secret_namespaces: Vec<String>,
     /// How often the fabric's devices are compared with the cluster's.
     #[arg(long, env = "CRO_SYNC_PERIOD", default_value = "60s")]
     pub sync_period: String,
@@ -346,15 +369,22 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn into_config(self) -> Result<OperatorConfig, ConfigError> {
-        let provider = match self.provider_spec {
-            Some(p) => ProviderSource::SpecFile(p),
-            None => ProviderSource::GoEnvironment,
+        let provider = match (self.provider_spec, self.provider_objects) {
+            (_, true) => ProviderSource::Objects,
+            (Some(p), false) => ProviderSource::SpecFile(p),
+            (None, false) => ProviderSource::GoEnvironment,
         };
         let mut config = OperatorConfig::new(provider);
         config.mode = parse_mode(&self.device_resource_type)?;
         config.gpu_operator_namespace = self.gpu_operator_namespace;
         config.namespace = self.leader_election_namespace.clone();
         config.release_orphan_cxl_memory = self.release_orphan_cxl_memory;
+        config.provider_secret_namespaces = self
+            .provider_secret_namespaces
+            .into_iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
         config.timings.sync_period = setting_duration(&self.sync_period, SYNC_PERIOD)?;
         config.timings.orphan_grace =
             setting_duration(&self.orphan_grace_period, ORPHAN_GRACE_PERIOD)?;
@@ -526,6 +556,39 @@ mod tests {
         assert_eq!(
             parse_mode("dra").unwrap_err(),
             ConfigError::BadMode("dra".into())
+        );
+    }
+
+    #[test]
+    fn provider_objects_and_secret_namespaces() {
+        let default = Cli::parse_from(["cro", "--leader-election-namespace", "ops"])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(default.provider, ProviderSource::GoEnvironment);
+        assert_eq!(default.secret_namespaces(), vec!["ops".to_owned()]);
+        let objects = Cli::parse_from([
+            "cro",
+            "--provider-objects=true",
+            "--provider-secret-namespaces",
+            "a, b,",
+        ])
+        .run
+        .into_config()
+        .unwrap();
+        assert_eq!(objects.provider, ProviderSource::Objects);
+        assert_eq!(
+            objects.secret_namespaces(),
+            vec!["a".to_owned(), "b".to_owned()]
+        );
+        assert!(
+            Cli::try_parse_from([
+                "cro",
+                "--provider-objects=true",
+                "--provider-spec",
+                "/etc/cro/fti.yaml"
+            ])
+            .is_err()
         );
     }
 

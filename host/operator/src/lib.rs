@@ -42,6 +42,7 @@ pub mod probes;
 pub mod provider;
 pub mod quantity;
 pub mod reconcile;
+pub mod registry;
 pub mod request;
 pub mod resource;
 pub mod run;

@@ -138,6 +138,46 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 19))
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoutedLabels {
+    provider: String,
+    outcome: String,
+}
+
+/// (provider name, calls, failed calls) of every provider the registry runs.
+type RoutedSource = Box<dyn Fn() -> Vec<(String, u64, u64)> + Send + Sync>;
+
+/// Calls per provider (crate::registry), read when scraped.
+struct RoutedCollector(RoutedSource);
+
+impl std::fmt::Debug for RoutedCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoutedCollector")
+    }
+}
+
+impl Collector for RoutedCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = (self.0)();
+        let mut family = encoder.encode_descriptor(
+            "provider_routed_calls",
+            "Provider calls by the provider (CdiProvider or the implicit one) that served them, ok or failed",
+            None,
+            MetricType::Counter,
+        )?;
+        for (provider, calls, failed) in counts {
+            for (outcome, n) in [("ok", calls.saturating_sub(failed)), ("failed", failed)] {
+                let labels = RoutedLabels {
+                    provider: provider.clone(),
+                    outcome: outcome.into(),
+                };
+                ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     reconciles: Family<ControllerLabels, Counter>,
@@ -333,6 +373,17 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .register_collector(Box::new(BudgetCollector(Arc::new(source))));
+    }
+
+    /// Exports `cro_provider_routed_calls_total{provider,outcome}` from `source`.
+    pub fn watch_routed_calls(
+        &self,
+        source: impl Fn() -> Vec<(String, u64, u64)> + Send + Sync + 'static,
+    ) {
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .register_collector(Box::new(RoutedCollector(Box::new(source))));
     }
 
     /// Exports how many warnings the provider logged (`source` reads its count), e.g. a

@@ -22,8 +22,10 @@ use crate::nodeops::dra::DraApis;
 use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::probes::{ProbeServer, Readiness};
 use crate::provider::DeviceProvider;
+use crate::registry::watch::WatchOptions;
+use crate::registry::{IMPLICIT_PROVIDER, Registry};
 use crate::webhook::{WebhookServer, WebhookTls};
-use crate::{compat, leader, request, resource, startup, sync};
+use crate::{compat, leader, registry, request, resource, startup, sync};
 
 /// How often mounted certificate files are compared with the ones in use.
 const CERT_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
@@ -48,6 +50,8 @@ pub struct Operator {
     webhook: Option<WebhookServer>,
     probes: Option<ProbeServer>,
     health: Option<ProbeServer>,
+    /// Providers from `CdiProvider` objects, kept current while the operator leads.
+    objects: Option<(Arc<Registry>, WatchOptions)>,
 }
 
 impl Operator {
@@ -57,11 +61,54 @@ impl Operator {
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
     ) -> Self {
-        let metrics = Arc::new(Metrics::new());
         let provider: Arc<dyn DeviceProvider> = match &config.credentials {
             Some(secret) => Arc::new(NamingSecret::new(provider, secret.clone())),
             None => provider,
         };
+        // `--provider-spec` or the Go environment: one implicit provider serving every
+        // node, under its name in logs (crate::registry).
+        let registry = Registry::single(IMPLICIT_PROVIDER, provider);
+        Self::with_provider(client, registry, runner, config)
+    }
+
+    /// The operator running the providers of the cluster's `CdiProvider` objects.
+    pub fn for_objects(
+        client: kube::Client,
+        runner: Arc<dyn CommandRunner>,
+        config: OperatorConfig,
+        fetch: crate::source::FetchOptions,
+    ) -> Self {
+        let registry = Registry::for_objects();
+        let options = WatchOptions {
+            fetch,
+            allowed_secret_namespaces: config.secret_namespaces(),
+            resync: config.timings.sync_period,
+            controller_name: config.controller_name.clone(),
+        };
+        let mut operator = Self::with_provider(client, registry.clone(), runner, config);
+        operator.objects = Some((registry, options));
+        operator
+    }
+
+    fn with_provider(
+        client: kube::Client,
+        registry: Arc<Registry>,
+        runner: Arc<dyn CommandRunner>,
+        config: OperatorConfig,
+    ) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let routed = registry.clone();
+        metrics.watch_routed_calls(move || {
+            routed
+                .slots()
+                .iter()
+                .map(|s| {
+                    let (calls, failed) = s.counts();
+                    (s.name(), calls, failed)
+                })
+                .collect()
+        });
+        let provider: Arc<dyn DeviceProvider> = registry;
         let counted = provider.clone();
         metrics.watch_denials(move || counted.denials());
         let budgeted = provider.clone();
@@ -78,6 +125,7 @@ impl Operator {
             webhook: None,
             probes: None,
             health: None,
+            objects: None,
         }
     }
 
@@ -125,7 +173,12 @@ impl Operator {
                     WebhookTls::reloading(Arc::new(ReloadingCert::default()))?
                 }
             };
-            self.webhook = Some(WebhookServer::bind(w.addr, tls).await?);
+            let server = WebhookServer::bind(w.addr, tls).await?;
+            self.webhook = Some(if self.config.provider == ProviderSource::Objects {
+                server.with_providers()
+            } else {
+                server
+            });
         }
         let probes = self.probes.as_ref().map(|p| p.local_addr()).transpose()?;
         let webhook = self.webhook.as_ref().map(|w| w.local_addr()).transpose()?;
@@ -265,6 +318,12 @@ impl Operator {
         workers.spawn(async move {
             tokio::select! { () = caches => {}, () = cache_stop => {} }
         });
+        if let Some((registry, options)) = self.objects.take() {
+            let (c, s) = (self.client.clone(), stop.clone());
+            workers.spawn(async move {
+                tokio::select! { () = registry::watch::run(registry, c, options) => {}, () = s => {} }
+            });
+        }
         workers.spawn(request::controller(ctx.clone(), stop.clone()));
         workers.spawn(resource::controller(ctx.clone(), stop.clone()));
         let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
@@ -320,6 +379,11 @@ pub fn provider_spec(
             // The keys a provider accepts are what its describe() declares, checked
             // once it is loaded (check_loaded); a 0.1.0 component declares none.
             (spec, None)
+        }
+        ProviderSource::Objects => {
+            return Err(OperatorError::Config(
+                "providers come from CdiProvider objects (--provider-objects): there is no provider spec".into(),
+            ));
         }
         ProviderSource::GoEnvironment => {
             let spec = compat::fti_spec_from_env(&env)
@@ -443,8 +507,13 @@ pub async fn run(mut config: OperatorConfig) -> Result<(), OperatorError> {
     // kube's rustls needs a process-wide provider; ring is the one this project builds.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default().await?;
-    let provider = load_provider(&mut config, client.clone()).await?;
     let runner = Arc::new(KubeExecRunner::new(client.clone()));
+    if config.provider == ProviderSource::Objects {
+        return Operator::for_objects(client, runner, config, Default::default())
+            .run_until(shutdown_signal())
+            .await;
+    }
+    let provider = load_provider(&mut config, client.clone()).await?;
     Operator::new(client, provider, runner, config)
         .run_until(shutdown_signal())
         .await

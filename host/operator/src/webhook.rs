@@ -9,9 +9,10 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
-use cro_api::ComposabilityRequest;
-use futures::StreamExt;
+use cro_api::{CdiProvider, ComposabilityRequest};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -23,11 +24,15 @@ use crate::admission::{self, Refusal};
 use crate::certs::ReloadingCert;
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
+use crate::registry::admit::{self, ProviderRefusal};
+use crate::registry::route::{self, RouteEntry};
 use crate::serve::{self, ServerLimits};
 use crate::views;
 
 /// The path the Go operator's webhook configuration uses.
 pub const VALIDATE_PATH: &str = "/validate-cro-hpsys-ibm-ie-com-v1alpha1-composabilityrequest";
+/// The path of `CdiProvider` reviews (crate::registry::admit).
+pub const VALIDATE_PROVIDER_PATH: &str = "/validate-cro-hpsys-ibm-ie-com-v1alpha1-cdiprovider";
 /// How long a review waits for the cache's first list before refusing (the API server
 /// gives the webhook 10 s).
 const CACHE_WAIT: Duration = Duration::from_secs(5);
@@ -85,12 +90,16 @@ struct WebhookState {
     /// Reads the Node a new target_node names (one get per create or target change).
     nodes: Api<Node>,
     metrics: Arc<Metrics>,
+    /// Every CdiProvider; set when providers come from objects, and then a request's
+    /// target node must be served by one.
+    providers: Option<Store<CdiProvider>>,
 }
 
 /// A bound webhook listener; [`WebhookServer::serve`] answers until shutdown.
 pub struct WebhookServer {
     listener: TcpListener,
     tls: WebhookTls,
+    providers: bool,
 }
 
 impl WebhookServer {
@@ -98,7 +107,18 @@ impl WebhookServer {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| OperatorError::Listen { addr, source })?;
-        Ok(Self { listener, tls })
+        Ok(Self {
+            listener,
+            tls,
+            providers: false,
+        })
+    }
+
+    /// Providers come from `CdiProvider` objects: review them too, and refuse requests
+    /// whose target node none serves.
+    pub fn with_providers(mut self) -> Self {
+        self.providers = true;
+        self
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, OperatorError> {
@@ -123,18 +143,35 @@ impl WebhookServer {
         let nodes = Api::all(client.clone());
         let feed = reflector(
             writer,
-            watcher(Api::all(client), watcher::Config::default()).default_backoff(),
+            watcher(Api::all(client.clone()), watcher::Config::default()).default_backoff(),
         )
         .for_each(|event| async move {
             if let Err(e) = event {
                 tracing::warn!(error = %e, "webhook cache: watch failed; retrying");
             }
         });
-        let router = router(store, nodes, metrics);
+        let (providers, provider_feed) = if self.providers {
+            let (pstore, pwriter) = reflector::store::<CdiProvider>();
+            let feed = reflector(
+                pwriter,
+                watcher(Api::all(client), watcher::Config::default()).default_backoff(),
+            )
+            .for_each(|event| async move {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, "webhook cache: CdiProvider watch failed; retrying");
+                }
+            })
+            .boxed();
+            (Some(pstore), feed)
+        } else {
+            (None, futures::future::pending().boxed())
+        };
+        let router = router(store, nodes, metrics, providers);
         let acceptor = TlsAcceptor::from(self.tls.config.clone());
         tokio::select! {
             () = serve::serve(self.listener, Some(acceptor), router, ServerLimits::WEBHOOK, shutdown) => {}
             () = feed => {}
+            () = provider_feed => {}
         }
     }
 }
@@ -143,13 +180,16 @@ fn router(
     requests: Store<ComposabilityRequest>,
     nodes: Api<Node>,
     metrics: Arc<Metrics>,
+    providers: Option<Store<CdiProvider>>,
 ) -> Router {
     Router::new()
         .route(VALIDATE_PATH, post(validate_handler))
+        .route(VALIDATE_PROVIDER_PATH, post(validate_provider_handler))
         .with_state(WebhookState {
             requests,
             nodes,
             metrics,
+            providers,
         })
 }
 
@@ -254,7 +294,11 @@ async fn review_request(
     let old_target = old.as_ref().map(|o| o.spec.resource.target_node());
     if let Some(target) = admission::target_to_check(new.spec.resource.target_node(), old_target) {
         match state.nodes.get_opt(target).await {
-            Ok(Some(_)) => {}
+            Ok(Some(node)) => {
+                if let Some(message) = unserved(state, target, &node) {
+                    return deny(response, "denied", Some("no_provider"), message);
+                }
+            }
             Ok(None) => {
                 let refusal = Refusal::UnknownTargetNode(target.to_owned());
                 return deny(
@@ -279,4 +323,115 @@ async fn review_request(
     }
     state.metrics.admission("allowed", None);
     response
+}
+
+fn route_entry(p: &CdiProvider) -> RouteEntry {
+    RouteEntry {
+        name: p.name_any(),
+        selector: p.spec.node_selector.clone(),
+        default: p.spec.default,
+    }
+}
+
+/// Why no single provider serves `node`, when providers come from objects.
+fn unserved(state: &WebhookState, name: &str, node: &Node) -> Option<String> {
+    let providers = state.providers.as_ref()?;
+    let entries: Vec<RouteEntry> = providers
+        .state()
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| route_entry(p))
+        .collect();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    route::route(name, &labels, &entries)
+        .err()
+        .map(|e| e.to_string())
+}
+
+async fn validate_provider_handler(
+    State(state): State<WebhookState>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+    let response = match request {
+        Ok(request) => review_provider(&state, &request).await,
+        Err(e) => {
+            state.metrics.admission("invalid", None);
+            AdmissionResponse::invalid(e.to_string())
+        }
+    };
+    Json(response.into_review())
+}
+
+async fn review_provider(
+    state: &WebhookState,
+    request: &AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    let deny =
+        |response: AdmissionResponse, outcome: &str, reason: Option<&str>, message: String| {
+            state.metrics.admission(outcome, reason);
+            tracing::info!(name = %request.name, %message, "CdiProvider admission denied");
+            response.deny(message)
+        };
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        state.metrics.admission("allowed", None);
+        return response;
+    }
+    let new = match request
+        .object
+        .as_ref()
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<CdiProvider>))
+    {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            return deny(
+                response,
+                "invalid",
+                None,
+                format!("not a valid CdiProvider: {e}"),
+            );
+        }
+        None => {
+            return deny(
+                response,
+                "invalid",
+                None,
+                "the request has no object".into(),
+            );
+        }
+    };
+    if new.metadata.deletion_timestamp.is_some() {
+        state.metrics.admission("allowed", None);
+        return response;
+    }
+    let Some(providers) = &state.providers else {
+        state.metrics.admission("allowed", None);
+        return response;
+    };
+    if tokio::time::timeout(CACHE_WAIT, providers.wait_until_ready())
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        return deny(
+            response,
+            "error",
+            None,
+            "the webhook's view of CdiProviders is not loaded yet; retry".into(),
+        );
+    }
+    let others: Vec<RouteEntry> = providers.state().iter().map(|p| route_entry(p)).collect();
+    match admit::validate(&route_entry(&new), &others) {
+        Ok(()) => {
+            state.metrics.admission("allowed", None);
+            response
+        }
+        Err(refusal) => {
+            let label = match refusal {
+                ProviderRefusal::Overlap { .. } => "provider_overlap",
+                ProviderRefusal::SecondDefault { .. } => "second_default",
+            };
+            deny(response, "denied", Some(label), refusal.to_string())
+        }
+    }
 }

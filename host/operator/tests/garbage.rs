@@ -4,6 +4,8 @@
 mod common;
 // Component sources (registry, ConfigMap, pull Secrets) share this binary's link.
 mod sources;
+// CdiProvider objects: routing, hot reload, deletion (crate::registry).
+mod providers;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

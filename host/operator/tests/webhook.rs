@@ -531,3 +531,119 @@ async fn typos_in_target_node_and_kind_changes_are_refused_at_admission() {
     assert!(env.resources_of("live").await.is_empty());
     env.stop_operator().await.unwrap();
 }
+
+/// Providers from `CdiProvider` objects: the webhook refuses a provider whose selector
+/// overlaps another's and a second default, and a request whose target node no
+/// provider serves (crate::registry::admit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_providers_a_second_default_and_unserved_nodes_are_refused() {
+    use cro_api::CdiProvider;
+    use cro_operator::webhook::VALIDATE_PROVIDER_PATH;
+
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    let tls = webhook_tls();
+    let mut config = env.config.clone();
+    config.provider = cro_operator::config::ProviderSource::Objects;
+    config.webhook = Some(WebhookConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        certs: WebhookCerts::Files {
+            cert_file: tls.cert_file.path().into(),
+            key_file: tls.key_file.path().into(),
+        },
+    });
+    let operator = cro_operator::Operator::for_objects(
+        env.client.clone(),
+        std::sync::Arc::new(env.nodes.clone()),
+        config,
+        Default::default(),
+    );
+    let (_, webhook) = env.start_built_operator(operator).await;
+    let port = webhook.unwrap().port();
+    let mut configuration = chart_like_configuration("cro-providers", port, Some(&tls.ca_pem));
+    let mut provider_hook = configuration.webhooks.as_ref().unwrap()[0].clone();
+    provider_hook.name = "vcdiprovider.cro.hpsys.ibm.ie.com".into();
+    provider_hook.match_conditions = None;
+    provider_hook.client_config.url =
+        Some(format!("https://127.0.0.1:{port}{VALIDATE_PROVIDER_PATH}"));
+    provider_hook.rules.as_mut().unwrap()[0].resources = Some(vec!["cdiproviders".into()]);
+    configuration.webhooks.as_mut().unwrap().push(provider_hook);
+    Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+
+    let providers: Api<CdiProvider> = Api::all(env.client.clone());
+    let provider = |name: &str, selector: serde_json::Value, default: bool| -> CdiProvider {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "CdiProvider",
+            "metadata": {"name": name},
+            "spec": {"source": {"configMap": {"name": "absent", "namespace": "default", "key": "k"}},
+                "nodeSelector": selector, "default": default},
+        }))
+        .unwrap()
+    };
+    let create_provider = |p: CdiProvider| {
+        let providers = providers.clone();
+        async move {
+            providers
+                .create(&PostParams::default(), &p)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    // No provider yet: a request targeting worker-1 is refused, naming the node.
+    let refusal = eventually(
+        "the webhook to refuse an unserved node",
+        CONVERGE,
+        || async {
+            create(&env, "unserved", on_node(MODEL, "worker-1"))
+                .await
+                .err()
+        },
+    )
+    .await;
+    assert!(
+        refusal.contains("no CdiProvider serves node worker-1"),
+        "{refusal}"
+    );
+
+    let pool_a = serde_json::json!({"matchLabels": {"pool": "a"}});
+    let pool_a_rack = serde_json::json!({"matchLabels": {"pool": "a", "rack": "1"}});
+    let pool_b = serde_json::json!({"matchLabels": {"pool": "b"}});
+    eventually("the first provider admitted", CONVERGE, || async {
+        create_provider(provider("a", pool_a.clone(), false))
+            .await
+            .ok()
+    })
+    .await;
+    let overlap = create_provider(provider("a-rack", pool_a_rack, false))
+        .await
+        .unwrap_err();
+    assert!(
+        overlap.contains("nodeSelector overlaps CdiProvider a's"),
+        "{overlap}"
+    );
+    create_provider(provider("b", pool_b, true)).await.unwrap();
+    let second = create_provider(provider("b2", serde_json::Value::Null, true))
+        .await
+        .unwrap_err();
+    assert!(
+        second.contains("CdiProvider b is already the default provider"),
+        "{second}"
+    );
+    // With a default provider, worker-1 is served: the request is admitted.
+    eventually(
+        "the request admitted once a default serves",
+        CONVERGE,
+        || async {
+            create(&env, "served", on_node(MODEL, "worker-1"))
+                .await
+                .ok()
+        },
+    )
+    .await;
+    env.stop_operator().await.unwrap();
+}

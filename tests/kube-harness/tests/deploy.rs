@@ -74,6 +74,16 @@ networkPolicy: {enabled: false}
 "#
             .to_owned(),
         ),
+        (
+            "provider-objects",
+            NS,
+            r#"
+provider:
+  mode: objects
+  objects: {secretNamespaces: [composable-resource-operator-system, fabric-secrets]}
+"#
+            .to_owned(),
+        ),
     ]
 }
 
@@ -313,6 +323,25 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 assert!(args.contains(&"--metrics-secure=false"));
                 let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
                 assert!(!rules.contains("tokenreviews"));
+            }
+            "provider-objects" => {
+                assert!(args.contains(&"--provider-objects=true"));
+                assert!(args.contains(
+                    &"--provider-secret-namespaces=composable-resource-operator-system,fabric-secrets"
+                ));
+                assert!(!args.iter().any(|a| a.starts_with("--provider-spec")));
+                assert_eq!(env_value(manager, "CDI_PROVIDER_TYPE"), None);
+                let vwc = find(
+                    &objs,
+                    "ValidatingWebhookConfiguration",
+                    "cro-validating-webhook",
+                );
+                assert_eq!(
+                    vwc["webhooks"][1]["clientConfig"]["service"]["path"],
+                    "/validate-cro-hpsys-ibm-ie-com-v1alpha1-cdiprovider"
+                );
+                let role = find(&objs, "Role", "cro-manager")["rules"].to_string();
+                assert!(role.contains("configmaps"));
             }
             other => panic!("unchecked value set {other}"),
         }

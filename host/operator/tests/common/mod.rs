@@ -359,6 +359,22 @@ impl Env {
         addrs
     }
 
+    /// Starts an operator the test built (e.g. one running `CdiProvider` objects).
+    pub async fn start_built_operator(
+        &mut self,
+        mut operator: Operator,
+    ) -> (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>) {
+        assert!(self.operator.is_none(), "operator already running");
+        let addrs = operator.bind().await.expect("listeners");
+        self.metrics = Some(operator.metrics());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(operator.run_until(async {
+            let _ = rx.await;
+        }));
+        self.operator = Some((task, tx));
+        addrs
+    }
+
     /// Stops the operator gracefully and returns how it ended.
     pub async fn stop_operator(&mut self) -> Result<(), OperatorError> {
         let (task, tx) = self.operator.take().expect("operator running");

@@ -1,0 +1,106 @@
+//! Turning a `CdiProvider` into a loaded, validated provider: the namespace rule for
+//! granted Secrets, the fetch (crate::source), the runtime's load (contract, `describe()`,
+//! grants, limits) and the check of configuration keys against `describe()`.
+
+use std::sync::Arc;
+
+use cro_api::{CdiProviderSpec, reasons};
+use cro_runtime::cluster::KubeCluster;
+use cro_runtime::{ProviderSpec, Runtime};
+
+use crate::node_machine::RememberingCluster;
+use crate::source::{self, SourceError};
+
+/// Why a `CdiProvider`'s component could not be made to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(
+        "grants.secret {namespace}/{name}: Secrets may be granted only from the namespaces {allowed:?} (operator flag --provider-secret-namespaces)"
+    )]
+    SecretNamespace {
+        namespace: String,
+        name: String,
+        allowed: Vec<String>,
+    },
+    #[error("invalid spec: {0}")]
+    Spec(String),
+    #[error("{0}")]
+    Fetch(#[from] SourceError),
+    #[error("load: {0}")]
+    Load(String),
+    /// The same bytes under the same spec failed before; not loaded again (the message
+    /// is the earlier failure's).
+    #[error("{message}")]
+    Repeated { reason: String, message: String },
+}
+
+impl LoadError {
+    /// The Degraded condition's reason.
+    pub fn reason(&self) -> &str {
+        match self {
+            LoadError::Repeated { reason, .. } => reason,
+            LoadError::SecretNamespace { .. } => "SecretNotAllowed",
+            LoadError::Spec(_) | LoadError::Load(_) => reasons::LOAD_FAILED,
+            LoadError::Fetch(
+                SourceError::DigestMismatch { .. }
+                | SourceError::BadDigest { .. }
+                | SourceError::TooLarge { .. },
+            ) => reasons::VERIFY_FAILED,
+            LoadError::Fetch(_) => reasons::FETCH_FAILED,
+        }
+    }
+}
+
+/// The runtime's provider spec for `spec`, named `name` (the component's bytes are given
+/// separately). The grants and limits share the spec file's field names, so the
+/// runtime's own parser validates them.
+pub fn provider_spec(name: &str, spec: &CdiProviderSpec) -> Result<ProviderSpec, LoadError> {
+    let json = serde_json::json!({
+        "name": name,
+        "component": format!("cdiprovider/{name}"),
+        "config": spec.config,
+        "grants": spec.grants,
+        "limits": spec.limits,
+    });
+    ProviderSpec::from_json(&json.to_string(), std::path::Path::new("/"))
+        .map_err(|e| LoadError::Spec(e.to_string()))
+}
+
+/// Refuses a Secret grant outside `allowed` (least privilege: the operator reads
+/// Secrets only where it was told it may).
+pub fn check_secret_namespace(spec: &CdiProviderSpec, allowed: &[String]) -> Result<(), LoadError> {
+    match &spec.grants.secret {
+        Some(s) if !allowed.iter().any(|a| a == &s.namespace) => Err(LoadError::SecretNamespace {
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            allowed: allowed.to_vec(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A loaded component and the digest of its bytes.
+pub struct Loaded {
+    pub provider: Arc<cro_runtime::Provider>,
+    pub digest: String,
+}
+
+/// Loads `fetched` under `spec` and validates it (contract, `describe()`, grants,
+/// limits, configuration keys).
+pub async fn instantiate(
+    client: &kube::Client,
+    runtime: &Runtime,
+    spec: &ProviderSpec,
+    fetched: source::Fetched,
+) -> Result<Loaded, LoadError> {
+    let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+    let provider = runtime
+        .load_bytes(spec, fetched.bytes, Arc::new(cluster))
+        .await
+        .map_err(|e| LoadError::Load(e.to_string()))?;
+    crate::run::check_loaded(&provider).map_err(|e| LoadError::Load(e.to_string()))?;
+    Ok(Loaded {
+        provider: Arc::new(provider),
+        digest: fetched.digest,
+    })
+}

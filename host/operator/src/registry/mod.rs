@@ -1,0 +1,350 @@
+//! The provider registry: the providers this operator runs, by name, and which one
+//! serves a node (docs/providers.md, "Several providers").
+//!
+//! Each provider sits in a [`Slot`] whose component is swapped atomically: a call takes
+//! the `Arc` of the instance serving when it starts and finishes on it, while new calls
+//! take the new one. The registry itself is a [`DeviceProvider`]: it routes every call on
+//! a resource to the provider serving the resource's node ([`route`]), so the
+//! controllers are the same whether one provider or many run.
+//!
+//! Providers come from `CdiProvider` objects ([`watch`]) or, for compatibility, from
+//! `--provider-spec` / the Go environment as one implicit provider.
+
+pub mod admit;
+pub mod load;
+pub mod route;
+pub mod status;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use cro_runtime::CallError;
+use cro_runtime::domain::{
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, ProviderError, RemoveOutcome,
+};
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::{self, Store};
+
+use crate::provider::{DeviceProvider, ProviderResult};
+use route::{RouteEntry, RouteError};
+
+/// Name of the implicit provider `--provider-spec` or the Go environment defines.
+pub const IMPLICIT_PROVIDER: &str = "default";
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One provider: where it routes, the instance serving, its call counts.
+pub struct Slot {
+    route: RwLock<RouteEntry>,
+    serving: RwLock<Option<Arc<dyn DeviceProvider>>>,
+    calls: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Slot {
+    fn new(route: RouteEntry) -> Slot {
+        Slot {
+            route: RwLock::new(route),
+            serving: RwLock::new(None),
+            calls: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        read(&self.route).name.clone()
+    }
+
+    /// The instance serving now; a call holds this `Arc` until it ends.
+    pub fn serving(&self) -> Option<Arc<dyn DeviceProvider>> {
+        read(&self.serving).clone()
+    }
+
+    /// Makes `provider` serve new calls; calls in flight finish on the old one.
+    pub fn swap(&self, provider: Arc<dyn DeviceProvider>) {
+        *write(&self.serving) = Some(provider);
+    }
+
+    pub fn set_route(&self, route: RouteEntry) {
+        *write(&self.route) = route;
+    }
+
+    /// (calls, failed calls) since this process started.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.calls.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    fn count<T>(&self, r: &ProviderResult<T>) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if r.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Where node labels come from: the registry's Node watch cache, or (one implicit
+/// provider) nowhere, since every node is then served by it.
+enum Labels {
+    Cache(Store<Node>),
+    NotNeeded,
+}
+
+/// The providers by name.
+pub struct Registry {
+    slots: RwLock<BTreeMap<String, Arc<Slot>>>,
+    labels: Labels,
+    node_writer: std::sync::Mutex<Option<reflector::store::Writer<Node>>>,
+}
+
+impl Registry {
+    /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); node labels
+    /// come from its own Node watch cache, started by [`watch::run`].
+    pub fn for_objects() -> Arc<Registry> {
+        let (store, writer) = reflector::store();
+        Arc::new(Registry {
+            slots: RwLock::default(),
+            labels: Labels::Cache(store),
+            node_writer: std::sync::Mutex::new(Some(writer)),
+        })
+    }
+
+    /// The one implicit provider of `--provider-spec` or the Go environment, serving
+    /// every node, under `name`.
+    pub fn single(name: &str, provider: Arc<dyn DeviceProvider>) -> Arc<Registry> {
+        let slot = Slot::new(RouteEntry {
+            name: name.to_owned(),
+            selector: None,
+            default: true,
+        });
+        slot.swap(provider);
+        Arc::new(Registry {
+            slots: RwLock::new(BTreeMap::from([(name.to_owned(), Arc::new(slot))])),
+            labels: Labels::NotNeeded,
+            node_writer: std::sync::Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn take_node_writer(&self) -> Option<reflector::store::Writer<Node>> {
+        self.node_writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    /// The slot named `name`, made with `route` when new (its route updated otherwise).
+    pub fn upsert(&self, route: RouteEntry) -> Arc<Slot> {
+        let mut slots = write(&self.slots);
+        match slots.get(&route.name) {
+            Some(s) => {
+                s.set_route(route);
+                s.clone()
+            }
+            None => {
+                let s = Arc::new(Slot::new(route.clone()));
+                slots.insert(route.name, s.clone());
+                s
+            }
+        }
+    }
+
+    pub fn remove(&self, name: &str) -> Option<Arc<Slot>> {
+        write(&self.slots).remove(name)
+    }
+
+    pub fn slot(&self, name: &str) -> Option<Arc<Slot>> {
+        read(&self.slots).get(name).cloned()
+    }
+
+    pub fn slots(&self) -> Vec<Arc<Slot>> {
+        read(&self.slots).values().cloned().collect()
+    }
+
+    fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
+        match &self.labels {
+            Labels::NotNeeded => Some(BTreeMap::new()),
+            Labels::Cache(store) => store
+                .get(&reflector::ObjectRef::new(node))
+                .map(|n| n.metadata.labels.clone().unwrap_or_default()),
+        }
+    }
+
+    /// The name of the provider serving `node`.
+    pub fn route(&self, node: &str) -> Result<String, RouteError> {
+        let entries: Vec<RouteEntry> = self
+            .slots()
+            .iter()
+            .map(|s| read(&s.route).clone())
+            .collect();
+        // One implicit provider serves every node, known or not.
+        if let Labels::NotNeeded = self.labels
+            && let [only] = entries.as_slice()
+        {
+            return Ok(only.name.clone());
+        }
+        let labels = self
+            .node_labels(node)
+            .ok_or_else(|| RouteError::UnknownNode {
+                node: node.to_owned(),
+            })?;
+        route::route(node, &labels, &entries).map(|e| e.name.clone())
+    }
+
+    /// The slot and serving instance for `node`, or the error a call returns.
+    fn serving_for(&self, node: &str) -> Result<(Arc<Slot>, Arc<dyn DeviceProvider>), CallError> {
+        let name = self.route(node).map_err(|e| match e {
+            // The cache may lag a new Node: a retry finds it.
+            RouteError::UnknownNode { .. } => {
+                CallError::Provider(ProviderError::Unavailable(e.to_string()))
+            }
+            _ => CallError::Provider(ProviderError::Config(e.to_string())),
+        })?;
+        let slot = self.slot(&name).ok_or_else(|| {
+            CallError::Provider(ProviderError::Unavailable(format!(
+                "CdiProvider {name} went away"
+            )))
+        })?;
+        let provider = slot.serving().ok_or_else(|| {
+            CallError::Provider(ProviderError::Unavailable(format!(
+                "CdiProvider {name} serves node {node} but has no component loaded yet"
+            )))
+        })?;
+        Ok((slot, provider))
+    }
+
+    fn finish<T>(
+        slot: &Slot,
+        node: &str,
+        op: &'static str,
+        r: ProviderResult<T>,
+    ) -> ProviderResult<T> {
+        slot.count(&r);
+        if let Err(e) = &r {
+            tracing::debug!(provider = %slot.name(), node, operation = op, error = %e, "provider call failed");
+        }
+        r
+    }
+}
+
+impl DeviceProvider for Registry {
+    fn add_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(async move {
+            let (slot, p) = self.serving_for(&resource.target_node)?;
+            let r = p.add_resource(resource).await;
+            Self::finish(&slot, &resource.target_node, "add_resource", r)
+        })
+    }
+
+    fn remove_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+        Box::pin(async move {
+            let (slot, p) = self.serving_for(&resource.target_node)?;
+            let r = p.remove_resource(resource).await;
+            Self::finish(&slot, &resource.target_node, "remove_resource", r)
+        })
+    }
+
+    fn check_resource<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>> {
+        Box::pin(async move {
+            let (slot, p) = self.serving_for(&resource.target_node)?;
+            let r = p.check_resource(resource).await;
+            Self::finish(&slot, &resource.target_node, "check_resource", r)
+        })
+    }
+
+    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(async move { self.list_all(&[]).await })
+    }
+
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(async move {
+            let (slot, p) = self.serving_for(&request.resource.target_node)?;
+            let r = p.add(request).await;
+            Self::finish(&slot, &request.resource.target_node, "add_resource", r)
+        })
+    }
+
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(async move { self.list_all(claims).await })
+    }
+
+    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+        self.only().and_then(|p| p.denials())
+    }
+
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        self.only().and_then(|p| p.budgets())
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        self.only().and_then(|p| p.warnings())
+    }
+}
+
+impl Registry {
+    /// The serving instance when exactly one provider runs (its counters feed the
+    /// metrics the single-provider operator always had).
+    fn only(&self) -> Option<Arc<dyn DeviceProvider>> {
+        match self.slots().as_slice() {
+            [one] => one.serving(),
+            _ => None,
+        }
+    }
+
+    /// The upstream sync's listing, per provider: each provider is asked for its fabric's
+    /// devices and only those on nodes it serves are kept (another fabric's nodes are not
+    /// its business). A provider that fails is logged and skipped, so one fabric being
+    /// down does not stop the sync of the others; all failing is an error.
+    async fn list_all(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
+        let slots = self.slots();
+        let mut all = Vec::new();
+        let mut last_error = None;
+        let mut answered = 0usize;
+        let single = slots.len() == 1;
+        for slot in &slots {
+            let Some(provider) = slot.serving() else {
+                continue;
+            };
+            let name = slot.name();
+            let r = provider.list(claims).await;
+            slot.count(&r);
+            match r {
+                Ok(devices) => {
+                    answered += 1;
+                    all.extend(
+                        devices
+                            .into_iter()
+                            .filter(|d| single || self.route(&d.node).is_ok_and(|n| n == name)),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(provider = %name, error = %e, "upstream sync: listing failed");
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            Some(e) if answered == 0 => Err(e),
+            _ => Ok(all),
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! Several providers as `CdiProvider` objects on the real API server: routing two node
+//! pools to two providers, routing errors, hot reload under load, the deletion
+//! finalizer and the Secret namespace rule (crate::registry, docs/providers.md).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cro_api::{
+    CONDITION_DEGRADED, CONDITION_READY, CdiProvider, CdiProviderSpec, ComponentSource,
+    ConfigMapSource,
+};
+use cro_operator::Operator;
+use cro_operator::config::ProviderSource;
+use cro_operator::source::FetchOptions;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::{CONVERGE, Env, OPERATOR_NS, eventually, gpu};
+
+/// The FTI provider's spec for `env`'s fabric, as the Go environment defines it, with
+/// the CA given inline (a CdiProvider has no files).
+fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca.path(), env.sim.ca_pem()).unwrap();
+    let vars: BTreeMap<&str, String> = BTreeMap::from([
+        ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
+        ("FTI_CDI_API_TYPE", "FM".to_string()),
+        ("FTI_CDI_ENDPOINT", env.sim.endpoint()),
+        ("FTI_CDI_TENANT_ID", env.sim.tenant_id().to_string()),
+        ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
+        (
+            "CRO_FTI_COMPONENT",
+            cro_test_support::component("fti-provider")
+                .display()
+                .to_string(),
+        ),
+    ]);
+    let spec = cro_operator::compat::fti_spec_from_env(|k| vars.get(k).cloned())
+        .unwrap()
+        .unwrap();
+    let cdi: CdiProviderSpec = serde_json::from_value(json!({
+        "source": {"configMap": {"name": "fti", "namespace": OPERATOR_NS, "key": "fti.wasm"}},
+        "config": spec.config,
+        "grants": spec.grants,
+        "limits": spec.limits,
+    }))
+    .unwrap();
+    (cdi, ca)
+}
+
+async fn put_component(env: &Env, name: &str, key: &str, bytes: Vec<u8>) {
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), OPERATOR_NS);
+    let map = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(key.into(), ByteString(bytes))])),
+        ..Default::default()
+    };
+    if maps.get_opt(name).await.unwrap().is_some() {
+        maps.replace(name, &PostParams::default(), &map)
+            .await
+            .unwrap();
+    } else {
+        maps.create(&PostParams::default(), &map).await.unwrap();
+    }
+}
+
+fn source(name: &str, key: &str) -> ComponentSource {
+    ComponentSource {
+        config_map: Some(ConfigMapSource {
+            name: name.into(),
+            namespace: OPERATOR_NS.into(),
+            key: key.into(),
+        }),
+        ..ComponentSource::default()
+    }
+}
+
+fn pool(value: &str) -> Option<LabelSelector> {
+    Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("pool".to_string(), value.to_string())])),
+        match_expressions: None,
+    })
+}
+
+fn providers(env: &Env) -> Api<CdiProvider> {
+    Api::all(env.client.clone())
+}
+
+async fn create_provider(env: &Env, name: &str, spec: CdiProviderSpec) {
+    providers(env)
+        .create(&PostParams::default(), &CdiProvider::new(name, spec))
+        .await
+        .unwrap();
+}
+
+async fn label_node(env: &Env, node: &str, pool: &str) {
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pool": pool}}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn condition(p: &CdiProvider, type_: &str) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits until `name` serves the component with `digest` (any when None), not degraded.
+async fn wait_loaded(env: &Env, name: &str, digest: Option<&str>) -> CdiProvider {
+    eventually(&format!("CdiProvider {name} loaded"), CONVERGE, || async {
+        let p = providers(env).get(name).await.ok()?;
+        let s = p.status.as_ref()?;
+        (condition(&p, CONDITION_READY)? == ("True".into(), "Loaded".into())
+            && condition(&p, CONDITION_DEGRADED)?.0 == "False"
+            && s.observed_generation == p.metadata.generation
+            && digest.is_none_or(|d| s.loaded_digest.as_deref() == Some(d)))
+        .then_some(p)
+    })
+    .await
+}
+
+async fn start_objects_operator(env: &mut Env) {
+    let mut config = env.config.clone();
+    config.provider = ProviderSource::Objects;
+    config.credentials = None;
+    let operator = Operator::for_objects(
+        env.client.clone(),
+        Arc::new(env.nodes.clone()),
+        config,
+        FetchOptions::default(),
+    );
+    env.start_built_operator(operator).await;
+}
+
+fn fti_bytes() -> Vec<u8> {
+    std::fs::read(cro_test_support::component("fti-provider")).unwrap()
+}
+
+async fn events_about(env: &Env, ns: Option<&str>, name: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = match ns {
+        Some(ns) => Api::namespaced(env.client.clone(), ns),
+        None => Api::all(env.client.clone()),
+    };
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
+    let mut env = Env::start().await;
+    env.add_node("pool-a-1", "16").await;
+    env.add_node("pool-b-1", "16").await;
+    env.add_node("pool-c-1", "16").await;
+    label_node(&env, "pool-a-1", "a").await;
+    label_node(&env, "pool-b-1", "b").await;
+    label_node(&env, "pool-c-1", "c").await;
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
+    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
+    let (base, _ca) = fti_spec(&env);
+    for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
+        let mut spec = base.clone();
+        spec.node_selector = pool(p);
+        create_provider(&env, name, spec).await;
+    }
+    start_objects_operator(&mut env).await;
+    let a = wait_loaded(&env, "fabric-a", None).await;
+    wait_loaded(&env, "fabric-b", None).await;
+    let status = a.status.unwrap();
+    assert!(status.loaded_digest.unwrap().starts_with("sha256:"));
+    assert_eq!(status.contract_version.as_deref(), Some("0.2.0"));
+    assert!(!status.describe.unwrap().vendor.is_empty());
+
+    for (req, node) in [("on-a", "pool-a-1"), ("on-b", "pool-b-1")] {
+        let mut d = gpu(1);
+        d.target_node = Some(node.into());
+        env.create_request(req, d).await;
+    }
+    env.wait_running("on-a", 1).await;
+    env.wait_running("on-b", 1).await;
+    // Each provider served its own pool's calls: both counted calls.
+    for name in ["fabric-a", "fabric-b"] {
+        eventually(&format!("{name} counts its calls"), CONVERGE, || async {
+            let p = providers(&env).get(name).await.ok()?;
+            (p.status?.calls?.total > 0).then_some(())
+        })
+        .await;
+    }
+
+    // Metrics carry the provider's name.
+    let text = env.metrics.as_ref().unwrap().encode();
+    for name in ["fabric-a", "fabric-b"] {
+        assert!(
+            text.contains(&format!(
+                "cro_provider_routed_calls_total{{provider=\"{name}\",outcome=\"ok\"}}"
+            )),
+            "{text}"
+        );
+    }
+
+    // A node no selector matches, and no default provider: a clear error and an Event.
+    let mut d = gpu(1);
+    d.target_node = Some("pool-c-1".into());
+    env.create_request("on-c", d).await;
+    let resource = eventually(
+        "the pool-c resource reports no provider",
+        CONVERGE,
+        || async {
+            let r = env.resources_of("on-c").await.into_iter().next()?;
+            r.status
+                .as_ref()?
+                .error
+                .contains("no CdiProvider serves node pool-c-1")
+                .then_some(r)
+        },
+    )
+    .await;
+    eventually("an Event names the routing error", CONVERGE, || async {
+        events_about(&env, None, &resource.name_any())
+            .await
+            .iter()
+            .any(|(_, note)| note.contains("no CdiProvider serves node pool-c-1"))
+            .then_some(())
+    })
+    .await;
+
+    // Two providers selecting one node: the error names both.
+    let mut spec = base.clone();
+    spec.node_selector = pool("c");
+    create_provider(&env, "fabric-c1", spec.clone()).await;
+    create_provider(&env, "fabric-c2", spec).await;
+    eventually(
+        "the pool-c resource reports two providers",
+        CONVERGE,
+        || async {
+            let r = env.resources_of("on-c").await.into_iter().next()?;
+            let e = r.status?.error;
+            (e.contains("more than one CdiProvider serves node pool-c-1")
+                && e.contains("fabric-c1, fabric-c2"))
+            .then_some(())
+        },
+    )
+    .await;
+    // Removing one makes the other serve the node: the request converges.
+    providers(&env)
+        .delete("fabric-c2", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_running("on-c", 1).await;
+
+    // Least privilege: a Secret granted from a namespace the operator was not allowed.
+    let mut spec = base.clone();
+    spec.node_selector = pool("z");
+    if let Some(secret) = spec.grants.secret.as_mut() {
+        secret.namespace = "default".into();
+    }
+    create_provider(&env, "fabric-elsewhere", spec).await;
+    eventually(
+        "a Secret from another namespace is refused",
+        CONVERGE,
+        || async {
+            let p = providers(&env).get("fabric-elsewhere").await.ok()?;
+            let error = p.status.as_ref()?.last_error.clone()?;
+            (condition(&p, CONDITION_READY)? == ("False".into(), "SecretNotAllowed".into())
+                && error.contains("grants.secret default/")
+                && error.contains(OPERATOR_NS))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Deletion waits while the provider serves an attached device, and says which.
+    let held = env.resources_of("on-a").await[0].name_any();
+    providers(&env)
+        .delete("fabric-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "fabric-a's deletion names the device blocking it",
+        CONVERGE,
+        || async {
+            let p = providers(&env).get("fabric-a").await.ok()?;
+            (p.metadata.deletion_timestamp.is_some()
+                && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "DeletionBlocked".into())
+                && p.status?.last_error?.contains(&held))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        events_about(&env, None, "fabric-a")
+            .await
+            .iter()
+            .any(|(reason, note)| reason == "DeletionBlocked" && note.contains(&held))
+    );
+    // It still serves the detach; then it goes.
+    env.delete_request("on-a").await;
+    eventually(
+        "fabric-a deleted once nothing is attached",
+        CONVERGE,
+        || async {
+            providers(&env)
+                .get_opt("fabric-a")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
+    for req in ["on-b", "on-c"] {
+        env.delete_request(req).await;
+    }
+    env.assert_nothing_attached().await;
+    env.stop_operator().await.unwrap();
+}
+
+/// `bytes` with a custom section appended: the same component, another digest.
+fn rebuilt(bytes: &[u8], note: &str) -> Vec<u8> {
+    let mut payload = vec![u8::try_from(note.len()).unwrap()];
+    payload.extend_from_slice(note.as_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0); // custom section
+    out.push(u8::try_from(payload.len()).unwrap());
+    out.extend(payload);
+    out
+}
+
+fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", cro_operator::source::sha256_hex(bytes))
+}
+
+async fn set_source(env: &Env, name: &str, key: &str) {
+    providers(env)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"configMap": {"key": key}}}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_under_load_swaps_without_failing_calls_and_survives_a_broken_component() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.add_node("worker-2", "16").await;
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
+    let v1 = fti_bytes();
+    let v2 = rebuilt(&v1, "cro-test-v2");
+    assert_ne!(digest(&v1), digest(&v2));
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), OPERATOR_NS);
+    maps.create(
+        &PostParams::default(),
+        &ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("fti".into()),
+                ..Default::default()
+            },
+            binary_data: Some(BTreeMap::from([
+                ("v1.wasm".to_string(), ByteString(v1.clone())),
+                ("v2.wasm".to_string(), ByteString(v2.clone())),
+                (
+                    "broken.wasm".to_string(),
+                    ByteString(b"\0asm not a component".to_vec()),
+                ),
+            ])),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (mut spec, _ca) = fti_spec(&env);
+    spec.source = source("fti", "v1.wasm");
+    spec.default = true;
+    create_provider(&env, "fabric", spec).await;
+    start_objects_operator(&mut env).await;
+    wait_loaded(&env, "fabric", Some(&digest(&v1))).await;
+
+    // Load: two requests attach and detach in turns on both nodes until told to stop.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let env = Arc::new(env);
+    let mut load = tokio::task::JoinSet::new();
+    for node in ["worker-1", "worker-2"] {
+        let (env, stop) = (env.clone(), stop_rx.clone());
+        load.spawn(async move {
+            let mut rounds = 0u32;
+            while !*stop.borrow() {
+                let name = format!("{node}-r{rounds}");
+                let mut d = gpu(1);
+                d.target_node = Some(node.into());
+                env.create_request(&name, d).await;
+                env.wait_running(&name, 1).await;
+                env.delete_request(&name).await;
+                rounds += 1;
+            }
+            rounds
+        });
+    }
+    let settle = || async {
+        // At least one more attach and detach on each node after each change.
+        let p = providers(&env).get("fabric").await.unwrap();
+        let before = p.status.and_then(|s| s.calls).map_or(0, |c| c.total);
+        eventually("calls go on after the change", CONVERGE, || async {
+            let p = providers(&env).get("fabric").await.ok()?;
+            (p.status?.calls?.total >= before + 8).then_some(())
+        })
+        .await;
+    };
+    settle().await;
+
+    // A new digest: swapped in while calls run.
+    set_source(&env, "fabric", "v2.wasm").await;
+    wait_loaded(&env, "fabric", Some(&digest(&v2))).await;
+    settle().await;
+
+    // A broken component: refused, Degraded, v2 keeps serving.
+    set_source(&env, "fabric", "broken.wasm").await;
+    let p = eventually("the broken component is refused", CONVERGE, || async {
+        let p = providers(&env).get("fabric").await.ok()?;
+        (p.status.as_ref()?.observed_generation == p.metadata.generation
+            && condition(&p, CONDITION_DEGRADED)? == ("True".into(), "LoadFailed".into()))
+            .then_some(p)
+    })
+    .await;
+    let status = p.status.clone().unwrap();
+    assert_eq!(condition(&p, CONDITION_READY).unwrap().0, "True");
+    assert_eq!(status.loaded_digest.as_deref(), Some(digest(&v2).as_str()));
+    assert!(status.last_error.unwrap().starts_with("load:"));
+    settle().await;
+
+    let _ = stop_tx.send(true);
+    let mut rounds = 0;
+    while let Some(r) = load.join_next().await {
+        rounds += r.unwrap();
+    }
+    assert!(rounds >= 4, "only {rounds} attach/detach rounds ran");
+    // No call failed, across both swaps and the refusal; nothing was left attached.
+    eventually("final call counts", CONVERGE, || async {
+        let p = providers(&env).get("fabric").await.ok()?;
+        let calls = p.status?.calls?;
+        assert_eq!(calls.failed, 0, "calls failed during the swaps");
+        (calls.total > 0).then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+    assert!(
+        events_about(&env, None, "fabric")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "LoadFailed")
+    );
+    let mut env = Arc::into_inner(env).expect("load tasks ended");
+    env.stop_operator().await.unwrap();
+}
