@@ -28,6 +28,35 @@ struct Counts {
     writes: AtomicU64,
     event_writes: AtomicU64,
     reads: AtomicU64,
+    /// Requests by method and kind (the path's last segment that names a kind), to show
+    /// where the API traffic comes from.
+    by_kind: Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+/// "GET pods" from "/api/v1/namespaces/x/pods/name?…": the method and the plural after
+/// the last version or namespace segment.
+fn kind_of(method: &hyper::Method, path: &str) -> String {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let mut kind = "?";
+    let mut i = 0;
+    while i < segs.len() {
+        let s = segs[i];
+        if s == "namespaces" && i + 2 < segs.len() {
+            i += 2;
+            continue;
+        }
+        if s.starts_with('v') && s[1..].starts_with(|c: char| c.is_ascii_digit()) {
+            if let Some(k) = segs.get(i + 1) {
+                kind = k;
+            }
+            if segs.get(i + 1) == Some(&"namespaces") && i + 3 < segs.len() {
+                kind = segs[i + 3];
+            }
+        }
+        i += 1;
+    }
+    let sub = segs.last().filter(|l| ["status", "exec"].contains(l)).map(|l| format!("/{l}")).unwrap_or_default();
+    format!("{method} {kind}{sub}")
 }
 
 impl Counts {
@@ -44,6 +73,14 @@ fn counting_client(config: &kube::Config, counts: Arc<Counts>) -> Result<kube::C
     let layer =
         tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
             let query = req.uri().query().unwrap_or("");
+            if !query.contains("watch=true") {
+                *counts
+                    .by_kind
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(kind_of(req.method(), req.uri().path()))
+                    .or_default() += 1;
+            }
             if req.method() == hyper::Method::GET {
                 if !query.contains("watch=true") {
                     counts.reads.fetch_add(1, Ordering::Relaxed);
@@ -132,6 +169,11 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_idle = rss().0;
     counts.take();
+    counts
+        .by_kind
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
     env.sim.clear_requests();
 
     let peak = Mutex::new(0u64);
@@ -172,6 +214,12 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     .await
     .context("convergence")?;
     let (writes_up, events_up, reads_up) = counts.take();
+    let by_kind_up = std::mem::take(
+        &mut *counts
+            .by_kind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     let mut per_node_count = std::collections::BTreeMap::<String, usize>::new();
     for r in resources.list(&ListParams::default()).await?.items {
         *per_node_count
@@ -206,6 +254,12 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     .await
     .context("deletion")?;
     let (writes_down, events_down, reads_down) = counts.take();
+    let by_kind_down = std::mem::take(
+        &mut *counts
+            .by_kind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     let fabric_down = env.sim.requests().len();
     let tokens_down = env.sim.token_requests().len();
     let (_, hwm) = rss();
@@ -227,8 +281,12 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     let f_down = (fabric_down - tokens_down) as f64 / devices as f64;
     let w_up = writes_up as f64 / devices as f64;
     let w_down = writes_down as f64 / devices as f64;
-    let limit_up = per_node * f_up * l + node_delay + w_up * rt_s;
-    let limit_down = per_node * f_down * l + w_down * rt_s;
+    // The provider runs at most this many calls at once (its deployed limit), so the
+    // fabric calls of all nodes together take at least devices × calls × latency / slots.
+    let slots = f64::from(cro_runtime::Limits::default().max_concurrent_calls.max(1));
+    let fabric_time = |f: f64| (per_node * f * l).max(devices as f64 * f * l / slots);
+    let limit_up = fabric_time(f_up) + node_delay + w_up * rt_s;
+    let limit_down = fabric_time(f_down) + w_down * rt_s;
     let go = gomodel::simulate(&gomodel::Params {
         requests: n,
         latency: l,
@@ -244,10 +302,12 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
         "api_writes_up": writes_up, "api_writes_down": writes_down,
         "event_writes_up": events_up, "event_writes_down": events_down,
         "api_reads_up": reads_up, "api_reads_down": reads_down,
+        "api_by_kind_up": by_kind_up, "api_by_kind_down": by_kind_down,
         "fabric_calls_up": fabric_up, "fabric_calls_down": fabric_down,
         "token_calls_up": tokens_up, "token_calls_down": tokens_down,
         "write_round_trip_ms": rt_s * 1000.0,
         "node_delay_s": node_delay,
+        "call_slots": slots,
         "limit_up_s": limit_up, "limit_down_s": limit_down,
         "go_up_s": go.up, "go_down_s": go.down,
         "rss_before_operator": rss_before_operator,
