@@ -32,7 +32,8 @@ pub fn breakdown() -> serde_json::Value {
         if first.contains('-') && !first.ends_with(':') {
             // A mapping's header: range, perms, offset, dev, inode, path.
             let (lo, hi) = first.split_once('-').unwrap_or(("0", "0"));
-            let span = u64::from_str_radix(hi, 16).unwrap_or(0)
+            let span = u64::from_str_radix(hi, 16)
+                .unwrap_or(0)
                 .saturating_sub(u64::from_str_radix(lo, 16).unwrap_or(0));
             size_kb = span / 1024;
             let path = words.nth(4).unwrap_or("");

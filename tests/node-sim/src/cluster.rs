@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta,
-    Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+    PatchParams, PostParams,
 };
 use serde_json::{Value, json};
 
@@ -408,7 +408,11 @@ pub(crate) async fn round(
         let written = (ds.metadata.uid.clone(), status);
         if pods.statuses.get(&spec.name) != Some(&written) {
             ds_api
-                .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&written.1))
+                .patch_status(
+                    &spec.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&written.1),
+                )
                 .await?;
             pods.statuses.insert(spec.name.clone(), written);
         }
