@@ -1,5 +1,6 @@
 //! Watch caches of the objects reconciliations look across: every ComposableResource,
-//! ComposabilityRequest and Node, kept current by one watch each.
+//! ComposabilityRequest and Node, and the GPU operator's driver pods, kept current by one
+//! watch each.
 //!
 //! Without them a reconciliation listed every object of a kind (the holder check of a
 //! detach, the planning of a request) or asked the API server to filter all of them (a
@@ -17,11 +18,13 @@ use std::time::{Duration, Instant};
 
 use cro_api::{ComposabilityRequest, ComposableResource};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+
+use crate::nodeops::driver::DRIVER_POD_LABEL;
 
 /// How long a reader waits for the resource cache to catch up with the API server before
 /// it asks the API server instead (see [`Caches::caught_up`]).
@@ -31,12 +34,16 @@ struct Writers {
     resources: Writer<ComposableResource>,
     requests: Writer<ComposabilityRequest>,
     nodes: Writer<Node>,
+    driver_pods: Writer<Pod>,
 }
 
 pub struct Caches {
     resources: Store<ComposableResource>,
     requests: Store<ComposabilityRequest>,
     nodes: Store<Node>,
+    /// The GPU operator's driver pods (by their label), read by every GPU attach and
+    /// detach to find the node's driver.
+    driver_pods: Store<Pod>,
     /// The newest resource version among the ComposableResource changes the cache holds.
     resources_seen: Arc<AtomicU64>,
     /// The newest resource version of device ids this process wrote.
@@ -49,16 +56,19 @@ impl Default for Caches {
         let (resources, rw) = reflector::store();
         let (requests, qw) = reflector::store();
         let (nodes, nw) = reflector::store();
+        let (driver_pods, dw) = reflector::store();
         Self {
             resources,
             requests,
             nodes,
+            driver_pods,
             resources_seen: Arc::default(),
             ids_written: AtomicU64::new(0),
             writers: Mutex::new(Some(Writers {
                 resources: rw,
                 requests: qw,
                 nodes: nw,
+                driver_pods: dw,
             })),
         }
     }
@@ -69,15 +79,19 @@ fn version_of<K: Resource>(obj: &K) -> Option<u64> {
 }
 
 /// Feeds `writer` from a watch of every `K` until the watch stream ends.
-async fn reflect<K>(api: Api<K>, writer: Writer<K>, seen: Option<Arc<AtomicU64>>)
-where
+async fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: Writer<K>,
+    seen: Option<Arc<AtomicU64>>,
+) where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
     // Objects of a relisting become visible all at once when it completes: their
     // versions count as seen only then.
     let mut pending = 0u64;
-    watcher(api, watcher::Config::default())
+    watcher(api, config)
         .default_backoff()
         .reflect(writer)
         .for_each(|event| {
@@ -103,6 +117,17 @@ where
         .await;
 }
 
+/// The watch of the GPU operator's driver pods: by the label the driver lookup uses, so
+/// the cache holds a few pods per GPU node, not every pod of the cluster.
+pub fn driver_pods() -> watcher::Config {
+    watcher::Config::default().labels(DRIVER_POD_LABEL)
+}
+
+/// The node a pod is scheduled to.
+pub fn pod_node(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
 impl Caches {
     /// Keeps the caches current; runs until dropped. Only the first call does anything.
     pub fn run(&self, client: kube::Client) -> futures::future::BoxFuture<'static, ()> {
@@ -116,10 +141,12 @@ impl Caches {
         };
         let seen = self.resources_seen.clone();
         async move {
+            let all = watcher::Config::default;
             futures::join!(
-                reflect(Api::all(client.clone()), w.resources, Some(seen)),
-                reflect(Api::all(client.clone()), w.requests, None),
-                reflect(Api::all(client), w.nodes, None),
+                reflect(Api::all(client.clone()), all(), w.resources, Some(seen)),
+                reflect(Api::all(client.clone()), all(), w.requests, None),
+                reflect(Api::all(client.clone()), all(), w.nodes, None),
+                reflect(Api::all(client), driver_pods(), w.driver_pods, None),
             );
         }
         .boxed()
@@ -142,6 +169,20 @@ impl Caches {
     /// The cached Nodes (None until the cache has listed them once).
     pub fn nodes(&self) -> Option<Vec<Arc<Node>>> {
         Self::ready(&self.nodes).then(|| self.nodes.state())
+    }
+
+    /// The driver pods on `node` as the cache shows them (None until it has listed them
+    /// once). The cache may lag: a reader that finds no Ready pod here asks the API
+    /// server before it decides to wait (see `nodeops::driver::discover`).
+    pub fn driver_pods_on(&self, node: &str) -> Option<Vec<Pod>> {
+        Self::ready(&self.driver_pods).then(|| {
+            self.driver_pods
+                .state()
+                .iter()
+                .filter(|p| pod_node(p) == Some(node))
+                .map(|p| p.as_ref().clone())
+                .collect()
+        })
     }
 
     /// Records a ComposableResource this process just wrote device ids into, so that

@@ -135,6 +135,26 @@ async fn gpu_operator_driver_first_gpu_and_device_plugin_drain_quirks() {
     env.stop_operator().await.unwrap();
 }
 
+/// A node's first GPU waits for the driver pod the GPU operator starts only then: the
+/// pod turning Ready wakes the attach through the operator's watch of driver pods, not
+/// its poll (set here far beyond the test's deadline, so only the watch can finish it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_pod_ready_wakes_the_waiting_attach_without_the_poll() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.config.timings.poll_interval = std::time::Duration::from_secs(600);
+    env.start_operator().await;
+
+    let mut spec = gpu(1);
+    spec.target_node = Some("worker-1".into());
+    env.create_request("first", spec).await;
+    env.wait_running("first", 1).await;
+    let pods = driver_pods(&env, "worker-1").await;
+    assert_eq!(pods.len(), 1, "the driver pod came with the first GPU");
+    env.stop_operator().await.unwrap();
+}
+
 /// The driver on the host (ClusterPolicy with the driver disabled): commands run in the
 /// node agent under `chroot /host-root`; the driver counts as installed when `modinfo`
 /// finds it, also on a node without a GPU; after the last GPU only nvidia_drm and

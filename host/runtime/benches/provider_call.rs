@@ -158,6 +158,9 @@ struct Fti {
     native: Arc<fti_provider::Fti<NativeHost>>,
     /// A GPU attached to NODE (ids filled), for check.
     attached: ComposableResource,
+    /// The component's spec and cluster (the Python example is loaded with them).
+    spec: ProviderSpec,
+    cluster: Arc<StaticCluster>,
 }
 
 fn quick() -> bool {
@@ -207,8 +210,9 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
         secrets.iter().map(|(k, v)| (k.as_str(), v.clone())),
     );
     cluster.insert_object(node.clone()).expect("node");
+    let cluster = Arc::new(cluster);
     let wasm = rt
-        .block_on(runtime.load(&spec, Arc::new(cluster)))
+        .block_on(runtime.load(&spec, cluster.clone()))
         .expect("FTI component");
 
     let ca = reqwest::Certificate::from_pem(sim.ca_pem().as_bytes()).expect("CA");
@@ -247,7 +251,38 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
         wasm,
         native: Arc::new(native),
         attached,
+        spec,
+        cluster,
     }
+}
+
+/// The Python example component (CPython inside), loaded against `f`'s simulator and
+/// cluster when it has been built (`build_python_example` in scripts/setup.sh; the
+/// bench does not build it: that takes minutes). Its own runtime: CPython needs more
+/// core instances, memories and tables per slot than the default pool gives.
+fn python(rt: &tokio::runtime::Runtime, f: &Fti) -> Option<Provider> {
+    let path = cro_test_support::workspace_root().join("target/wasm/python/python_example.wasm");
+    if !path.exists() {
+        eprintln!("python example not built ({}): skipped", path.display());
+        return None;
+    }
+    let runtime = Runtime::new(RuntimeOptions {
+        max_instances: 4,
+        max_core_instances_per_component: 32,
+        max_memories_per_component: 8,
+        max_tables_per_component: 8,
+        ..RuntimeOptions::default()
+    })
+    .expect("runtime");
+    let mut spec = f.spec.clone();
+    spec.name = "python-fti".into();
+    spec.component = path;
+    spec.limits.memory_bytes = 128 << 20;
+    spec.limits.call_timeout_ms = 20_000;
+    Some(
+        rt.block_on(runtime.load(&spec, f.cluster.clone()))
+            .expect("Python component"),
+    )
 }
 
 fn benches(c: &mut Criterion) {
@@ -316,6 +351,35 @@ fn benches(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // A call that reaches no fabric (remove of a resource without a device): instantiate
+    // plus the provider's own code, for the FTI component and the Python example.
+    let nothing = ComposableResource {
+        device_id: None,
+        fabric_device_id: None,
+        ..f.attached.clone()
+    };
+    let mut g = c.benchmark_group("no_io_call");
+    g.bench_function("fti", |b| {
+        b.iter(|| {
+            rt.block_on(f.wasm.remove_resource(&nothing))
+                .expect("remove")
+        })
+    });
+    let py = python(&rt, &f);
+    if let Some(py) = &py {
+        g.bench_function("python", |b| {
+            b.iter(|| rt.block_on(py.remove_resource(&nothing)).expect("remove"))
+        });
+    }
+    g.finish();
+    if let Some(py) = &py {
+        let mut g = c.benchmark_group("check_resource");
+        g.bench_function("python", |b| {
+            b.iter(|| rt.block_on(py.check_resource(&held)).expect("check"))
+        });
+        g.finish();
+    }
 
     // Calls per second with k calls in flight (criterion's throughput is per element:
     // one element = one call).

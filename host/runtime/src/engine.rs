@@ -132,6 +132,11 @@ impl EngineShared {
     }
 }
 
+/// Bytes of each linear memory and table reset in place rather than returned to the
+/// kernel when an instance ends (see `engine`).
+const KEEP_RESIDENT_MEMORY: usize = 1 << 20;
+const KEEP_RESIDENT_TABLE: usize = 64 << 10;
+
 fn engine(options: &RuntimeOptions) -> Result<Engine, EngineError> {
     let memory = usize::try_from(options.max_memory_bytes)
         .map_err(|_| EngineError("max_memory_bytes does not fit this platform".into()))?;
@@ -156,7 +161,18 @@ fn engine(options: &RuntimeOptions) -> Result<Engine, EngineError> {
         .max_memories_per_module(memories)
         .max_tables_per_module(tables)
         .total_stacks(n)
-        .max_memory_size(memory);
+        .max_memory_size(memory)
+        // A call's instance dirties a few pages of its slot's memory and tables. By
+        // default wasmtime gives them back to the kernel when the instance goes
+        // (madvise), and the next call on the slot takes a page fault for each again:
+        // most of a fresh instance's cost. Pages up to these sizes are instead reset in
+        // place (only the ones actually dirtied, found with the PAGEMAP_SCAN ioctl where
+        // the kernel has it), so every call still starts from the component's pristine
+        // memory image. The pages stay resident per warm slot (see docs/BENCHMARKS.md for
+        // the memory this costs).
+        .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
+        .table_keep_resident(KEEP_RESIDENT_TABLE)
+        .pagemap_scan(wasmtime::Enabled::Auto);
     let mut config = base_config();
     config
         .epoch_interruption(true)

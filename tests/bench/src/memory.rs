@@ -21,7 +21,7 @@ use fabric_sim::{Fault, Injection};
 use serde_json::{Value, json};
 
 use crate::common::{Env, OPERATOR_NS};
-use crate::rss::rss;
+use crate::rss::{breakdown, rss};
 
 const STAGES: [&str; 4] = ["baseline", "operator-fti", "operator-3", "calls-16"];
 /// Fabric latency while measuring calls in flight: long enough to catch all 16 at once.
@@ -100,7 +100,7 @@ async fn run_stage(stage: &str) -> Result<Value> {
     if stage == "baseline" {
         tokio::time::sleep(IDLE).await;
         let (rss, hwm) = rss();
-        return Ok(json!({"rss": rss, "hwm": hwm}));
+        return Ok(json!({"rss": rss, "hwm": hwm, "parts": breakdown()}));
     }
     let runtime = Runtime::new(RuntimeOptions::default())?;
     let cluster = Arc::new(KubeCluster::new(client.clone()));
@@ -119,10 +119,12 @@ async fn run_stage(stage: &str) -> Result<Value> {
         for r in results {
             r?;
         }
-        let (_, hwm) = rss();
+        // What stays after the calls: the pool keeps the pages a call dirtied resident
+        // in its slot (reset in place for the next call; see host/runtime/src/engine.rs).
+        let (after, hwm) = rss();
         return Ok(
-            json!({"rss_before": before, "rss_during": during, "hwm": hwm,
-            "per_call": during.saturating_sub(before) / 16}),
+            json!({"rss_before": before, "rss_during": during, "rss_after": after, "hwm": hwm,
+            "per_call": during.saturating_sub(before) / 16, "parts_after": breakdown()}),
         );
     }
     let mut extra = Vec::new();
@@ -146,10 +148,11 @@ async fn run_stage(stage: &str) -> Result<Value> {
     // Sampled while the operator runs idle, half a second before it is told to stop.
     let sampler = async {
         tokio::time::sleep(IDLE - Duration::from_millis(500)).await;
-        rss()
+        (rss(), breakdown())
     };
-    let (ran, (rss, hwm)) = futures::join!(operator.run_until(tokio::time::sleep(IDLE)), sampler);
+    let (ran, ((rss, hwm), parts)) =
+        futures::join!(operator.run_until(tokio::time::sleep(IDLE)), sampler);
     ran?;
     drop(extra);
-    Ok(json!({"rss": rss, "hwm": hwm}))
+    Ok(json!({"rss": rss, "hwm": hwm, "parts": parts}))
 }

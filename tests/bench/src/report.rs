@@ -44,6 +44,31 @@ fn f(v: &Value, k: &str) -> f64 {
     v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 
+/// A phase's time, or how far it got by the phase deadline.
+fn phase_time(r: &Value, phase: &str) -> String {
+    match r.get(format!("{phase}_s")).and_then(Value::as_f64) {
+        Some(t) => format!("{t:.1} s"),
+        None => format!(
+            "not done after {} s ({} of {} objects left)",
+            r["phase_deadline_s"],
+            r[format!("{phase}_left")],
+            if phase == "up" {
+                format!("{} requests", r["requests"])
+            } else {
+                format!("{} requests + {} resources", r["requests"], r["devices"])
+            }
+        ),
+    }
+}
+
+fn phase_ratio(r: &Value, phase: &str) -> String {
+    let t = f(r, &format!("{phase}_s"));
+    if t.is_nan() {
+        return "n/a".into();
+    }
+    format!("{:.2}×", t / f(r, &format!("limit_{phase}_s")))
+}
+
 pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     let text = std::fs::read_to_string(results)
         .with_context(|| format!("cannot read {}", results.display()))?;
@@ -85,6 +110,27 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
         }
         writeln!(o)?;
     }
+    let loads: Vec<&Value> = of(&lines, "load").collect();
+    if !loads.is_empty() {
+        writeln!(
+            o,
+            "The machine was shared: load average (1, 5, 15 min) and compiler processes (rustc, cc, ld, cargo of other work) when each step began:\n"
+        )?;
+        writeln!(
+            o,
+            "| step | load average | compiler processes |\n|---|---|---|"
+        )?;
+        for l in &loads {
+            writeln!(
+                o,
+                "| {} | {} | {} |",
+                l["step"].as_str().unwrap_or("?"),
+                l["load"].as_str().unwrap_or("?"),
+                l["compilers"]
+            )?;
+        }
+        writeln!(o)?;
+    }
 
     // ---- provider calls ----
     let m = |id: &str| median_ns(criterion, id);
@@ -116,6 +162,19 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
         "\nFresh instance + empty call (testkit): {}.\n",
         us(fresh)
     )?;
+    let py_no_io = m("no_io_call/python");
+    writeln!(
+        o,
+        "A call that reaches no fabric (remove of a resource without a device: a fresh instance plus the provider's own code): FTI component {}, Python example {}{}; the Python example's check_resource (one HTTPS request) {}.\n",
+        us(m("no_io_call/fti")),
+        us(py_no_io),
+        if py_no_io.is_none() {
+            " (not built: `source scripts/setup.sh; build_python_example` first)"
+        } else {
+            ""
+        },
+        us(m("check_resource/python")),
+    )?;
     writeln!(
         o,
         "Calls per second (`get_resources`, k calls in flight, each against the simulator on loopback):\n"
@@ -142,48 +201,95 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
         )?;
         writeln!(
             o,
-            "| N | M | latency | to Running | physical limit | ratio | Go model | to detached | physical limit | ratio | Go model | API writes/device up / down | fabric calls/device up / down (tokens) | s per request up | process RSS peak |"
+            "| N | M | latency | to Running | physical limit | ratio | Go model | to detached | physical limit | ratio | Go model | API writes/device up / down | API reads/device up / down | fabric calls/device up / down (tokens) | s per request up | process RSS peak (rise while running) |"
         )?;
         writeln!(
             o,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )?;
         for r in &runs {
             let d = f(r, "devices");
             writeln!(
                 o,
-                "| {} | {} | {} ms | {:.1} s | {:.1} s | {:.2}× | {:.1} s | {:.1} s | {:.1} s | {:.2}× | {:.1} s | {:.1} / {:.1} | {:.1} / {:.1} ({} / {}) | {:.3} | {:.0} MiB |",
+                "| {} | {} | {} ms | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({} / {}) | {:.3} | {:.0} MiB ({:.0} MiB) |",
                 r["requests"],
                 r["nodes"],
                 r["latency_ms"],
-                f(r, "up_s"),
+                phase_time(r, "up"),
                 f(r, "limit_up_s"),
-                f(r, "up_s") / f(r, "limit_up_s"),
+                phase_ratio(r, "up"),
                 f(r, "go_up_s"),
-                f(r, "down_s"),
+                phase_time(r, "down"),
                 f(r, "limit_down_s"),
-                f(r, "down_s") / f(r, "limit_down_s"),
+                phase_ratio(r, "down"),
                 f(r, "go_down_s"),
                 f(r, "api_writes_up") / d,
                 f(r, "api_writes_down") / d,
+                f(r, "api_reads_up") / d,
+                f(r, "api_reads_down") / d,
                 (f(r, "fabric_calls_up") - f(r, "token_calls_up")) / d,
                 (f(r, "fabric_calls_down") - f(r, "token_calls_down")) / d,
                 r["token_calls_up"],
                 r["token_calls_down"],
                 f(r, "up_s") / f(r, "requests"),
                 f(r, "rss_peak_sampled") / MIB,
+                (f(r, "rss_peak_sampled") - f(r, "rss_before_operator")) / MIB,
             )?;
         }
         writeln!(
             o,
-            "\nAPI writes exclude Events ({}); the physical limit is (devices per node × fabric calls per device × latency) + node delay ({} s, up only) + API writes per device × one write's round trip ({:.1} ms median). Process RSS includes the API client side, the fabric and node simulators, which share the process with the operator.\n",
+            "\nAPI writes exclude Events ({}); reads exclude watches. The physical limit is the fabric time — the larger of (devices per node × fabric calls per device × latency: a node's attaches run one at a time) and (devices × fabric calls per device × latency / {} calls the provider may run at once) — plus the node delay ({} s, up only) plus API writes per device × one write's round trip ({:.1} ms median). Process RSS includes the API client side, the fabric and node simulators, which share the process with the operator; the rise is the peak less the process before the operator started (simulators and harness already running, empty).\n",
             runs.iter()
                 .map(|r| format!("{} / {}", r["event_writes_up"], r["event_writes_down"]))
                 .collect::<Vec<_>>()
                 .join(", "),
+            runs[0]
+                .get("call_slots")
+                .map_or("the".into(), |v| v.to_string()),
             runs[0]["node_delay_s"],
             f(runs[0], "write_round_trip_ms")
         )?;
+        for r in of(&lines, "converge_failed") {
+            writeln!(
+                o,
+                "N = {} over {} nodes did not finish: {}\n",
+                r["requests"],
+                r["nodes"],
+                r["error"].as_str().unwrap_or("?")
+            )?;
+        }
+        // Where the API traffic of the largest run comes from.
+        if let Some(big) = runs.iter().max_by_key(|r| r["requests"].as_u64()) {
+            let d = f(big, "devices");
+            let mut rows: Vec<(String, f64, f64)> = Vec::new();
+            let up = big["api_by_kind_up"].as_object();
+            let down = big["api_by_kind_down"].as_object();
+            let mut keys: Vec<&String> =
+                up.into_iter().chain(down).flat_map(|m| m.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let n = |m: Option<&serde_json::Map<String, Value>>| {
+                    m.and_then(|m| m.get(k))
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.0)
+                };
+                rows.push((k.clone(), n(up), n(down)));
+            }
+            rows.sort_by(|a, b| (b.1 + b.2).total_cmp(&(a.1 + a.2)));
+            if !rows.is_empty() {
+                writeln!(
+                    o,
+                    "The operator's API requests in the N = {} run, per device (up / down):\n",
+                    big["requests"]
+                )?;
+                writeln!(o, "| request | up | down |\n|---|---|---|")?;
+                for (k, u, dn) in rows {
+                    writeln!(o, "| {k} | {:.2} | {:.2} |", u / d, dn / d)?;
+                }
+                writeln!(o)?;
+            }
+        }
     }
 
     // ---- memory ----
@@ -194,7 +300,10 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
             o,
             "### Operator memory (each stage a fresh process; the build named under “mode”)\n"
         )?;
-        writeln!(o, "| stage | RSS |\n|---|---|")?;
+        writeln!(
+            o,
+            "| stage | RSS | executable | other files | malloc heap | wasmtime pool | other anonymous |\n|---|---|---|---|---|---|---|"
+        )?;
         for (s, label) in [
             ("baseline", "tokio + kube client, no operator"),
             ("operator-fti", "operator idle, FTI component loaded"),
@@ -203,16 +312,33 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
                 "operator idle, FTI + testkit + second FTI loaded",
             ),
         ] {
+            let part = |p: &str| {
+                mem.and_then(|m| m["stages"][s]["parts"][p].as_f64())
+                    .map_or("n/a".into(), |v| format!("{:.1} MiB", v / MIB))
+            };
             writeln!(
                 o,
-                "| {label} | {:.1} MiB |",
-                stage(s, "rss").unwrap_or(f64::NAN) / MIB
+                "| {label} | {:.1} MiB | {} | {} | {} | {} | {} |",
+                stage(s, "rss").unwrap_or(f64::NAN) / MIB,
+                part("binary"),
+                part("files"),
+                part("heap"),
+                part("pool"),
+                part("anon"),
             )?;
         }
         writeln!(
             o,
-            "| one call in flight (16 concurrent FTI calls: RSS rise / 16) | {:.0} KiB |\n",
-            stage("calls-16", "per_call").unwrap_or(f64::NAN) / 1024.0
+            "\nOne call in flight (16 concurrent FTI calls: RSS rise / 16): {:.0} KiB. After the 16 calls: {:.1} MiB resident ({:.1} MiB before them; the pool keeps each used slot's dirtied pages for the next call, of which the wasmtime pool now holds {}).\n",
+            stage("calls-16", "per_call").unwrap_or(f64::NAN) / 1024.0,
+            stage("calls-16", "rss_after").unwrap_or(f64::NAN) / MIB,
+            stage("calls-16", "rss_before").unwrap_or(f64::NAN) / MIB,
+            mem.and_then(|m| m["stages"]["calls-16"]["parts_after"]["pool"].as_f64())
+                .map_or("n/a".into(), |v| format!("{:.1} MiB", v / MIB)),
+        )?;
+        writeln!(
+            o,
+            "Columns: resident pages of the executable (code and data it touched), of other files (libraries, compiled components from the cache), of the main malloc heap, of wasmtime's pool reservations (linear memories, tables, stacks), and of other anonymous mappings (malloc's thread arenas, thread stacks, compiled code, kube and tokio state), from /proc/self/smaps.\n"
         )?;
     }
 
@@ -272,7 +398,8 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     let peak = hi.map(|r| f(r, "rss_peak_sampled") / MIB);
     writeln!(
         o,
-        "| RSS at the largest run's peak ≤ 128 MiB (operator + simulators: an upper bound) | {} | {} |",
+        "| RSS at the largest run's peak ≤ 128 MiB ({}; operator + simulators + API client in one process: an upper bound) | {} | {} |",
+        hi.map_or("n/a".into(), |r| format!("N = {}", r["requests"])),
         peak.map_or("n/a".into(), |v| format!("{v:.0} MiB")),
         verdict(peak, 128.0)
     )?;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
     PatchParams, PostParams,
 };
 use serde_json::{Value, json};
@@ -51,6 +51,9 @@ pub(crate) struct Pods {
     pods: BTreeMap<(String, String), SimPod>,
     /// (daemonset, node) → how often its pod there was restarted.
     pub restarts: BTreeMap<(String, String), usize>,
+    /// DaemonSet → the status last written (with the DaemonSet's uid, as a re-created
+    /// one starts without), so an unchanged one is not written again.
+    statuses: BTreeMap<String, (Option<String>, Value)>,
 }
 
 fn random_suffix() -> String {
@@ -263,12 +266,29 @@ pub(crate) async fn round(
 ) -> Result<(), kube::Error> {
     let names: Vec<String> = nodes.lock().nodes.keys().cloned().collect();
     let node_objects: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    // One list of Nodes and one of each namespace's pods per round, not a read per node
+    // and pod: with fifty nodes, reads one by one made a round take seconds, so a pod
+    // became Ready seconds later than its delay says.
+    let live_nodes: std::collections::BTreeSet<String> = node_objects
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
     for spec in daemonsets(setup, operator_ns) {
         let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
         let pod_api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
         let Some(ds) = ds_api.get_opt(&spec.name).await? else {
             continue;
         };
+        let live_pods: BTreeMap<String, Pod> = pod_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+            .collect();
         let template = ds
             .spec
             .template
@@ -283,7 +303,7 @@ pub(crate) async fn round(
         let mut updated = 0;
         for node in &names {
             let key = (spec.name.clone(), node.clone());
-            if node_objects.get_opt(node).await?.is_none() {
+            if !live_nodes.contains(node) {
                 // The node is gone: so are its pods.
                 if let Some(p) = pods.pods.remove(&key) {
                     forget(nodes, &p);
@@ -299,9 +319,8 @@ pub(crate) async fn round(
             // A pod the operator deleted (or whose template changed) is replaced, as
             // the kubelet and the DaemonSet controller would.
             if let Some(existing) = pods.pods.get(&key).cloned() {
-                let live = pod_api.get_opt(&existing.name).await?;
-                let deleted = live
-                    .as_ref()
+                let deleted = live_pods
+                    .get(&existing.name)
                     .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
                 if deleted || existing.template != template {
                     let _ = pod_api
@@ -386,9 +405,17 @@ pub(crate) async fn round(
             "numberReady": ready, "updatedNumberScheduled": updated,
             "numberAvailable": ready, "numberMisscheduled": 0,
         }});
-        ds_api
-            .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
+        let written = (ds.metadata.uid.clone(), status);
+        if pods.statuses.get(&spec.name) != Some(&written) {
+            ds_api
+                .patch_status(
+                    &spec.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&written.1),
+                )
+                .await?;
+            pods.statuses.insert(spec.name.clone(), written);
+        }
     }
     Ok(())
 }

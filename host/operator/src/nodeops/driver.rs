@@ -210,13 +210,26 @@ async fn agent_pod(
 /// a driver pod of the GPU operator on the node; else a ClusterPolicy that enables the
 /// driver (its pod comes once the node has a GPU); else, with the driver disabled, a
 /// host driver that `modinfo nvidia` finds through the node agent. `agent_namespace` is
-/// the operator's namespace, where the node agent's DaemonSet lives.
+/// the operator's namespace, where the node agent's DaemonSet lives. `cached`: the
+/// node's driver pods from a watch cache, if it has them; a Ready one there is taken as
+/// is, anything else is read again from the API server (the cache may lag behind the
+/// change that woke the caller).
 pub async fn discover(
     client: &kube::Client,
     runner: &dyn CommandRunner,
     node: &str,
     agent_namespace: &str,
+    cached: Option<Vec<Pod>>,
 ) -> Result<Discovery, NodeOpsError> {
+    if let Some(pods) = &cached
+        && let Some(ready) = pods.iter().find(|p| running_and_ready(p))
+        && let Some(pod) = pod_ref(ready, node)
+    {
+        return Ok(Discovery::Ready(Driver {
+            setup: DriverSetup::Container,
+            pod,
+        }));
+    }
     let all_pods: Api<Pod> = Api::all(client.clone());
     let driver_pods = pods_on_node(&all_pods, DRIVER_POD_LABEL, node).await?;
     if let Some(ready) = driver_pods.iter().find(|p| running_and_ready(p))

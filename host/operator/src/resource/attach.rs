@@ -33,6 +33,7 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                 ctx.runner.as_ref(),
                 &node,
                 &ctx.config.namespace,
+                ctx.caches.driver_pods_on(&node),
             )
             .await?,
         )

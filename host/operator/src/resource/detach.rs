@@ -149,6 +149,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             ctx.runner.as_ref(),
             &node,
             &ctx.config.namespace,
+            ctx.caches.driver_pods_on(&node),
         )
         .await?
         {

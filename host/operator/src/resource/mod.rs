@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cro_api::{ComposableResource, CroObjectExt, ResourceState};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -26,6 +26,7 @@ use crate::conditions;
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::node_machine::NodeMachine;
+use crate::nodeops::driver::running_and_ready;
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
 use crate::reconcile::{self, Step};
@@ -208,8 +209,21 @@ async fn collect_garbage(res: ComposableResource, ctx: &Context) -> Outcome {
     Ok((Step::wait(), None))
 }
 
+/// Whether a change of its node's driver pod may let `res` go on: an attach or a detach
+/// that is under way (either can be waiting for the driver pod to be Ready). Online and
+/// new resources do not look at the driver pod until their own next step.
+fn waits_on_driver(res: &ComposableResource) -> bool {
+    res.is_being_deleted()
+        || matches!(
+            res.state(),
+            ResourceState::Attaching | ResourceState::Detaching
+        )
+}
+
 /// Builds the controller: resources, plus Nodes so that a node's removal reaches the
-/// devices on it at once.
+/// devices on it at once, plus the GPU operator's driver pods so that a driver pod
+/// becoming Ready wakes the attaches waiting on its node at once (their poll interval
+/// stays as the fallback).
 pub fn controller(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -218,7 +232,27 @@ pub fn controller(
     let resources: Api<ComposableResource> = Api::all(client.clone());
     let controller = Controller::new(resources, watcher::Config::default());
     let store = controller.store();
+    let on_node = store.clone();
     controller
+        .watches(
+            Api::<Pod>::all(client.clone()),
+            crate::cache::driver_pods(),
+            move |pod: Pod| {
+                // Only a Ready pod (or one going away) lets a waiting attach or detach on
+                // with its next step; the pod's other changes would wake them for nothing.
+                let relevant = running_and_ready(&pod) || pod.metadata.deletion_timestamp.is_some();
+                let node = crate::cache::pod_node(&pod).map(str::to_owned);
+                let Some(node) = node.filter(|_| relevant) else {
+                    return Vec::new();
+                };
+                on_node
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.spec.target_node == node && waits_on_driver(r))
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
         .watches(
             Api::<Node>::all(client),
             watcher::Config::default(),
