@@ -30,6 +30,10 @@ use crate::{compat, leader, registry, request, resource, startup, sync};
 /// How often mounted certificate files are compared with the ones in use.
 const CERT_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a stopping operator waits for its controllers' reconciles in flight: under
+/// the 30 s grace period Kubernetes gives a pod by default.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// A shutdown signal many tasks can wait on (Sync, as kube's controllers require).
 type Signal = Shared<BoxFuture<'static, ()>>;
 
@@ -350,7 +354,17 @@ impl Operator {
         };
         self.ready.set(false);
         let _ = stop_tx.send(());
-        while workers.join_next().await.is_some() {}
+        // Controllers finish their reconciles in flight; a bounded wait, because a
+        // process told to stop must stop (Kubernetes kills it after its grace period
+        // anyway). Stopping mid-step is safe: every plan is stored before it is acted on.
+        let drained = tokio::time::timeout(STOP_GRACE, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(grace = ?STOP_GRACE, "controllers did not stop in time; aborting them");
+            workers.shutdown().await;
+        }
         while background.join_next().await.is_some() {}
         if let Some(l) = leadership {
             l.release().await;

@@ -220,6 +220,35 @@ fn waits_on_driver(res: &ComposableResource) -> bool {
         )
 }
 
+/// A watch that only wakes resources (Pods, Nodes): its errors are logged and retried
+/// with its own backoff, never handed to the controller. The controller backs off its
+/// whole merged trigger stream on any error, so a watch that keeps failing (a missing
+/// `watch` verb, say) would otherwise starve the ComposableResource watch itself: no
+/// reconcile would ever run, and the controller could not even shut down, since it waits
+/// for that store to be ready.
+fn secondary_trigger<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    watcher(api, config)
+        .default_backoff()
+        .touched_objects()
+        .filter_map(|event| async move {
+            match event {
+                Ok(object) => Some(Ok(object)),
+                Err(e) => {
+                    tracing::warn!(controller = CONTROLLER, kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
+                    None
+                }
+            }
+        })
+}
+
 /// Builds the controller: resources, plus Nodes so that a node's removal reaches the
 /// devices on it at once, plus the GPU operator's driver pods so that a driver pod
 /// becoming Ready wakes the attaches waiting on its node at once (their poll interval
@@ -234,9 +263,8 @@ pub fn controller(
     let store = controller.store();
     let on_node = store.clone();
     controller
-        .watches(
-            Api::<Pod>::all(client.clone()),
-            crate::cache::driver_pods(),
+        .watches_stream(
+            secondary_trigger(Api::<Pod>::all(client.clone()), crate::cache::driver_pods()),
             move |pod: Pod| {
                 // Only a Ready pod (or one going away) lets a waiting attach or detach on
                 // with its next step; the pod's other changes would wake them for nothing.
@@ -253,9 +281,8 @@ pub fn controller(
                     .collect::<Vec<_>>()
             },
         )
-        .watches(
-            Api::<Node>::all(client),
-            watcher::Config::default(),
+        .watches_stream(
+            secondary_trigger(Api::<Node>::all(client), watcher::Config::default()),
             move |node: Node| {
                 let name = node.name_any();
                 store
