@@ -29,6 +29,9 @@ use crate::{compat, leader, registry, request, resource, startup, sync};
 
 /// How often mounted certificate files are compared with the ones in use.
 const CERT_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the controllers wait for the watch caches' first listing before they start
+/// anyway (their reads then fall back to asking the API server, crate::cache).
+const CACHES_FIRST_LISTING: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a stopping operator waits for its controllers' reconciles in flight: under
 /// the 30 s grace period Kubernetes gives a pod by default.
@@ -328,14 +331,26 @@ impl Operator {
                 tokio::select! { () = registry::watch::run(registry, c, options) => {}, () = s => {} }
             });
         }
-        workers.spawn(request::controller(ctx.clone(), stop.clone()));
-        workers.spawn(resource::controller(ctx.clone(), stop.clone()));
-        let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
-        workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
-        tracing::info!(exposure = %self.config.mode.as_str(), "operator running: controllers and upstream sync started");
+        // The controllers start once the caches hold their first listing. Started
+        // together, a reconcile that won the race against the caches' listings (often,
+        // on a loaded machine) read through the fallback: a LIST of every Node and
+        // request and a LIST by label per request reconcile until the caches were up.
+        let stopped_early = tokio::select! {
+            () = caches_listed(&ctx.caches) => false,
+            () = &mut shutdown => true,
+        };
+        if !stopped_early {
+            workers.spawn(request::controller(ctx.clone(), stop.clone()));
+            workers.spawn(resource::controller(ctx.clone(), stop.clone()));
+            let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
+            workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
+            tracing::info!(exposure = %self.config.mode.as_str(), "operator running: controllers and upstream sync started");
+        }
 
         let mut leadership = leadership;
-        let outcome = {
+        let outcome = if stopped_early {
+            Ok(())
+        } else {
             let lost = async {
                 match leadership.as_mut() {
                     Some(l) => l.lost().await,
@@ -374,6 +389,23 @@ impl Operator {
             Err(e) => tracing::error!(error = %e, "operator stopped"),
         }
         outcome
+    }
+}
+
+/// Returns once every watch cache has listed its kind once, or after
+/// [`CACHES_FIRST_LISTING`] (an API server that refuses or stalls the lists: the
+/// controllers then run on the readers' fallback rather than not at all).
+async fn caches_listed(caches: &crate::cache::Caches) {
+    let deadline = tokio::time::Instant::now() + CACHES_FIRST_LISTING;
+    while caches.nodes().is_none() || caches.requests().is_none() || caches.resources().is_none() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                waited = ?CACHES_FIRST_LISTING,
+                "the watch caches have not listed yet: starting the controllers on direct reads"
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 

@@ -164,7 +164,21 @@ impl NodeSim {
     }
 
     pub fn add_node_with(&self, node: &str, machine: &str, options: NodeOptions) {
-        self.nodes.lock().nodes.insert(
+        let mut w = self.nodes.lock();
+        w.fabric_of.remove(node);
+        w.nodes.insert(
+            node.to_owned(),
+            NodeState::new(machine, self.setup.driver, options),
+        );
+    }
+
+    /// Simulates `node` on the machine `machine` of `fabric`, a fabric other than the
+    /// one the simulation started with (a node pool served by its own fabric): the
+    /// node's GPUs follow that fabric.
+    pub fn add_node_on(&self, node: &str, machine: &str, options: NodeOptions, fabric: FabricSim) {
+        let mut w = self.nodes.lock();
+        w.fabric_of.insert(node.to_owned(), fabric);
+        w.nodes.insert(
             node.to_owned(),
             NodeState::new(machine, self.setup.driver, options),
         );

@@ -33,6 +33,9 @@ pub(crate) struct World {
     pub commands: Vec<(String, Vec<String>)>,
     pub unknown: Vec<String>,
     pub hook: Option<Hook>,
+    /// Nodes served by a fabric other than the default one (a second node pool on its
+    /// own fabric): node → that fabric.
+    pub fabric_of: BTreeMap<String, FabricSim>,
     /// Nodes whose kubelet cannot be reached: every exec there fails as the API
     /// server's does when it cannot dial the kubelet.
     pub unreachable: BTreeSet<String>,
@@ -41,6 +44,7 @@ pub(crate) struct World {
 /// The simulated nodes, shared by the runner and the cluster-side simulation.
 #[derive(Clone)]
 pub struct SimNodes {
+    /// The fabric of every node not given one of its own.
     pub(crate) fabric: FabricSim,
     pub(crate) world: Arc<Mutex<World>>,
 }
@@ -59,6 +63,11 @@ impl SimNodes {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The fabric whose machine backs `node`.
+    fn fabric_for(&self, world: &World, node: &str) -> FabricSim {
+        world.fabric_of.get(node).unwrap_or(&self.fabric).clone()
+    }
+
     /// Brings `node`'s GPUs up to date with the fabric (attached GPUs; ones that left
     /// the machine since they were drained forget that).
     pub(crate) fn refresh(&self, world: &mut World, node: &str) {
@@ -66,18 +75,18 @@ impl SimNodes {
             return;
         };
         let machine = state.machine.clone();
-        let attached: Vec<String> = self
-            .fabric
+        let fabric = self.fabric_for(world, node);
+        let attached: Vec<String> = fabric
             .machine_devices(&machine)
             .into_iter()
             .filter(|d| d.res_type == "gpu" && d.status == DeviceStatus::AddComplete)
             .map(|d| d.serial)
             .collect();
-        let last = self.fabric.requests().last().map_or(0, |r| r.seq);
+        let last = fabric.requests().last().map_or(0, |r| r.seq);
         let mut gone = BTreeSet::new();
         for gpu in state.drain_marks() {
             let seq = *world.marked_at.entry(gpu.clone()).or_insert(last);
-            if self.detached_since(&gpu, seq) {
+            if Self::detached_since(&fabric, &gpu, seq) {
                 gone.insert(gpu.clone());
                 world.marked_at.remove(&gpu);
             }
@@ -87,16 +96,16 @@ impl SimNodes {
         }
     }
 
-    /// Whether the fabric was asked to detach `gpu` after request `seq`.
-    fn detached_since(&self, gpu: &str, seq: u64) -> bool {
-        let Some(device) = self.fabric.device(gpu) else {
+    /// Whether `fabric` was asked to detach `gpu` after request `seq`.
+    fn detached_since(fabric: &FabricSim, gpu: &str, seq: u64) -> bool {
+        let Some(device) = fabric.device(gpu) else {
             return true;
         };
         if device.machine.is_none() {
             return true;
         }
         [Route::FmDetach, Route::CmResize].into_iter().any(|route| {
-            self.fabric.requests_to(route).iter().any(|r| {
+            fabric.requests_to(route).iter().any(|r| {
                 let body = String::from_utf8_lossy(&r.body);
                 r.seq > seq && (body.contains(&device.res_uuid) || body.contains(gpu))
             })
@@ -125,10 +134,14 @@ impl SimNodes {
 
     /// Whether the fabric has a GPU on `node`'s machine (attached, driver or not).
     pub(crate) fn has_gpu(&self, node: &str) -> bool {
-        let Some(machine) = self.lock().nodes.get(node).map(|n| n.machine.clone()) else {
-            return false;
+        let (machine, fabric) = {
+            let w = self.lock();
+            let Some(machine) = w.nodes.get(node).map(|n| n.machine.clone()) else {
+                return false;
+            };
+            (machine, self.fabric_for(&w, node))
         };
-        self.fabric
+        fabric
             .machine_devices(&machine)
             .iter()
             .any(|d| d.res_type == "gpu" && d.status == DeviceStatus::AddComplete)
@@ -207,7 +220,11 @@ impl SimNodes {
         };
         let out = node.exec(target.kind, command);
         let marks = node.drain_marks();
-        let last = self.fabric.requests().last().map_or(0, |r| r.seq);
+        let last = self
+            .fabric_for(&w, &target.node)
+            .requests()
+            .last()
+            .map_or(0, |r| r.seq);
         for gpu in marks {
             w.marked_at.entry(gpu).or_insert(last);
         }

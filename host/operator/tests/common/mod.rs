@@ -254,8 +254,28 @@ impl Env {
         allocatable_cpu: &str,
         options: NodeOptions,
     ) -> String {
+        self.add_node_on(name, capacity_cpu, allocatable_cpu, options, None)
+            .await
+    }
+
+    /// A worker node backed by a machine of `fabric`, a fabric simulator other than
+    /// [`Env::sim`] (a node pool served by its own fabric and provider); the simulated
+    /// node's GPUs follow that fabric.
+    pub async fn add_node_on_fabric(&self, name: &str, cpu: &str, fabric: &FabricSim) -> String {
+        self.add_node_on(name, cpu, cpu, NodeOptions::default(), Some(fabric))
+            .await
+    }
+
+    async fn add_node_on(
+        &self,
+        name: &str,
+        capacity_cpu: &str,
+        allocatable_cpu: &str,
+        options: NodeOptions,
+        fabric: Option<&FabricSim>,
+    ) -> String {
         let machine = uuid::Uuid::new_v4().to_string();
-        self.sim.add_machine(&machine, name);
+        fabric.unwrap_or(&self.sim).add_machine(&machine, name);
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node: Node = match self.api {
             FabricApi::Fm => serde_json::from_value(json!({
@@ -297,7 +317,12 @@ impl Env {
             )
             .await
             .unwrap();
-        self.node_sim.add_node_with(name, &machine, options);
+        match fabric {
+            Some(fabric) => self
+                .node_sim
+                .add_node_on(name, &machine, options, fabric.clone()),
+            None => self.node_sim.add_node_with(name, &machine, options),
+        }
         machine
     }
 

@@ -12,6 +12,7 @@ use cro_api::{
 use cro_operator::Operator;
 use cro_operator::config::ProviderSource;
 use cro_operator::source::FetchOptions;
+use fabric_sim::{FabricSim, SimConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -24,13 +25,18 @@ use crate::common::{CONVERGE, Env, OPERATOR_NS, eventually, gpu};
 /// The FTI provider's spec for `env`'s fabric, as the Go environment defines it, with
 /// the CA given inline (a CdiProvider has no files).
 fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {
+    fti_spec_for(&env.sim)
+}
+
+/// The FTI provider's spec for the fabric simulator `sim`.
+fn fti_spec_for(sim: &FabricSim) -> (CdiProviderSpec, tempfile::NamedTempFile) {
     let ca = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(ca.path(), env.sim.ca_pem()).unwrap();
+    std::fs::write(ca.path(), sim.ca_pem()).unwrap();
     let vars: BTreeMap<&str, String> = BTreeMap::from([
         ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
         ("FTI_CDI_API_TYPE", "FM".to_string()),
-        ("FTI_CDI_ENDPOINT", env.sim.endpoint()),
-        ("FTI_CDI_TENANT_ID", env.sim.tenant_id().to_string()),
+        ("FTI_CDI_ENDPOINT", sim.endpoint()),
+        ("FTI_CDI_TENANT_ID", sim.tenant_id().to_string()),
         ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
         (
             "CRO_FTI_COMPONENT",
@@ -169,17 +175,27 @@ async fn events_about(env: &Env, ns: Option<&str>, name: &str) -> Vec<(String, S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     let mut env = Env::start().await;
-    env.add_node("pool-a-1", "16").await;
-    env.add_node("pool-b-1", "16").await;
+    // Two fabrics: pool a (and c) on the environment's, pool b on a second fabric
+    // with its own tenant, CA and machines (the same log-in, so one Secret serves both).
+    let sim_b = FabricSim::start(SimConfig {
+        credentials: env.sim.credentials(),
+        realm: env.sim.realm().to_string(),
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let machine_a = env.add_node("pool-a-1", "16").await;
+    let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
     env.add_node("pool-c-1", "16").await;
     label_node(&env, "pool-a-1", "a").await;
     label_node(&env, "pool-b-1", "b").await;
     label_node(&env, "pool-c-1", "c").await;
     env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
+    sim_b.add_free_devices("gpu", crate::common::MODEL, 2);
     put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
     let (base, _ca) = fti_spec(&env);
-    for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
-        let mut spec = base.clone();
+    let (spec_b, _ca_b) = fti_spec_for(&sim_b);
+    for (name, p, spec) in [("fabric-a", "a", &base), ("fabric-b", "b", &spec_b)] {
+        let mut spec = spec.clone();
         spec.node_selector = pool(p);
         create_provider(&env, name, spec).await;
     }
@@ -198,6 +214,21 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     }
     env.wait_running("on-a", 1).await;
     env.wait_running("on-b", 1).await;
+    // Each fabric attached a device to its own pool's machine and to nothing else: the
+    // second fabric does not know pool a's machine, the first not pool b's.
+    let attached = |sim: &FabricSim| -> Vec<(String, usize)> {
+        sim.machines()
+            .iter()
+            .map(|m| (m.uuid.clone(), sim.machine_devices(&m.uuid).len()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    };
+    assert_eq!(attached(&env.sim), vec![(machine_a.clone(), 1)]);
+    assert_eq!(attached(&sim_b), vec![(machine_b.clone(), 1)]);
+    assert!(sim_b.machines().iter().all(|m| m.uuid == machine_b));
+    // The simulated nodes see their own fabric's device through the driver.
+    assert_eq!(env.nodes.listed("pool-a-1").len(), 1);
+    assert_eq!(env.nodes.listed("pool-b-1").len(), 1);
     // Each provider served its own pool's calls: both counted calls.
     for name in ["fabric-a", "fabric-b"] {
         eventually(&format!("{name} counts its calls"), CONVERGE, || async {
@@ -333,6 +364,12 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
         env.delete_request(req).await;
     }
     env.assert_nothing_attached().await;
+    eventually(
+        "nothing attached on the second fabric",
+        CONVERGE,
+        || async { attached(&sim_b).is_empty().then_some(()) },
+    )
+    .await;
     env.stop_operator().await.unwrap();
 }
 
