@@ -405,22 +405,35 @@ async fn review_provider(
         state.metrics.admission("allowed", None);
         return response;
     }
-    let Some(providers) = &state.providers else {
+    if state.providers.is_none() {
         state.metrics.admission("allowed", None);
         return response;
-    };
-    if tokio::time::timeout(CACHE_WAIT, providers.wait_until_ready())
-        .await
-        .map_or(true, |r| r.is_err())
-    {
-        return deny(
-            response,
-            "error",
-            None,
-            "the webhook's view of CdiProviders is not loaded yet; retry".into(),
-        );
     }
-    let others: Vec<RouteEntry> = providers.state().iter().map(|p| route_entry(p)).collect();
+    // Read live, not from the watch cache: two overlapping providers created one
+    // right after the other must not both pass because the cache had not yet seen the
+    // first. CdiProviders are few and change rarely, so one list per review is cheap.
+    let api: Api<CdiProvider> = Api::all(state.nodes.clone().into_client());
+    let listed = tokio::time::timeout(CACHE_WAIT, api.list(&Default::default())).await;
+    let existing = match listed {
+        Ok(Ok(list)) => list.items,
+        Ok(Err(e)) => {
+            return deny(
+                response,
+                "error",
+                None,
+                format!("cannot read the existing CdiProviders: {e}; retry"),
+            );
+        }
+        Err(_) => {
+            return deny(
+                response,
+                "error",
+                None,
+                "reading the existing CdiProviders timed out; retry".into(),
+            );
+        }
+    };
+    let others: Vec<RouteEntry> = existing.iter().map(route_entry).collect();
     match admit::validate(&route_entry(&new), &others) {
         Ok(()) => {
             state.metrics.admission("allowed", None);
