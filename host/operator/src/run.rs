@@ -487,25 +487,10 @@ pub async fn load_spec(
         .load(spec, Arc::new(cluster))
         .await
         .map_err(|e| OperatorError::Provider(format!("{}: {e}", spec.component.display())))?;
-    check_loaded(&provider)?;
+    startup::check_loaded(&provider)?;
     tracing::info!(provider = provider.name(), component = %spec.component.display(),
         contract = %provider.contract_version(), "provider loaded");
     Ok(Arc::new(provider))
-}
-
-/// Refuses a loaded provider whose configuration its own `describe()` rejects (keys it
-/// does not accept, required keys not set), naming each key, before any request.
-pub fn check_loaded(provider: &cro_runtime::Provider) -> Result<(), OperatorError> {
-    let problems = startup::check_declared(&provider.capability_report(), provider.info());
-    if problems.is_empty() {
-        return Ok(());
-    }
-    let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
-    Err(OperatorError::Config(format!(
-        "provider {}: {}",
-        provider.name(),
-        list.join("; ")
-    )))
 }
 
 /// Loads the provider the configuration names (see [`provider_spec`]); records its

@@ -2,12 +2,15 @@
 //! that would otherwise surface only at the first fabric call, as an error on some
 //! user's request (docs/troubleshooting.md, "Refused at start").
 //!
-//! Pure functions over the spec, so they are tested without a component or a cluster.
+//! Pure functions over the spec, so they are tested without a component or a cluster;
+//! `check_loaded` applies the same checks to a loaded provider's own `describe()`.
 
 use std::collections::BTreeMap;
 
 use cro_runtime::ProviderSpec;
 use url::Url;
+
+use crate::error::OperatorError;
 
 /// One mistake found in a spec; its text names the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,6 +134,21 @@ pub fn check_spec(spec: &ProviderSpec, known_keys: Option<&[&str]>) -> Vec<SpecP
     let mut problems = unknown_config_keys(&spec.config, known_keys);
     problems.extend(ungranted_endpoints(spec));
     problems
+}
+
+/// Refuses a loaded provider whose configuration its own `describe()` rejects (keys it
+/// does not accept, required keys not set), naming each key, before any request.
+pub fn check_loaded(provider: &cro_runtime::Provider) -> Result<(), OperatorError> {
+    let problems = check_declared(&provider.capability_report(), provider.info());
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    Err(OperatorError::Config(format!(
+        "provider {}: {}",
+        provider.name(),
+        list.join("; ")
+    )))
 }
 
 #[cfg(test)]

@@ -98,7 +98,7 @@ pub async fn instantiate(
         .load_bytes(spec, fetched.bytes, Arc::new(cluster))
         .await
         .map_err(|e| LoadError::Load(e.to_string()))?;
-    crate::run::check_loaded(&provider).map_err(|e| LoadError::Load(e.to_string()))?;
+    crate::startup::check_loaded(&provider).map_err(|e| LoadError::Load(e.to_string()))?;
     Ok(Loaded {
         provider: Arc::new(provider),
         digest: fetched.digest,

@@ -461,7 +461,7 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
                 )
                 .await
                 .unwrap();
-            cro_operator::run::check_loaded(&provider).map_err(|e| e.to_string())
+            cro_operator::startup::check_loaded(&provider).map_err(|e| e.to_string())
         })
     };
     loaded(spec(good, "https://fm.example:8443")).unwrap();
