@@ -166,6 +166,12 @@ impl Caches {
         Self::ready(&self.requests).then(|| self.requests.state())
     }
 
+    /// The Node cache itself, for a reader that looks nodes up by name (the provider
+    /// registry's routing by node labels).
+    pub fn node_store(&self) -> Store<Node> {
+        self.nodes.clone()
+    }
+
     /// The cached Nodes (None until the cache has listed them once).
     pub fn nodes(&self) -> Option<Vec<Arc<Node>>> {
         Self::ready(&self.nodes).then(|| self.nodes.state())

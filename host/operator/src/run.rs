@@ -326,6 +326,7 @@ impl Operator {
             tokio::select! { () = caches => {}, () = cache_stop => {} }
         });
         if let Some((registry, options)) = self.objects.take() {
+            registry.read_node_labels_from(ctx.caches.node_store());
             let (c, s) = (self.client.clone(), stop.clone());
             workers.spawn(async move {
                 tokio::select! { () = registry::watch::run(registry, c, options) => {}, () = s => {} }

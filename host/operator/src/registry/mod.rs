@@ -18,7 +18,7 @@ pub mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use cro_runtime::CallError;
 use cro_runtime::domain::{
@@ -94,10 +94,11 @@ impl Slot {
     }
 }
 
-/// Where node labels come from: the registry's Node watch cache, or (one implicit
-/// provider) nowhere, since every node is then served by it.
+/// Where node labels come from: the operator's Node watch cache (handed over once the
+/// operator leads, [`Registry::read_node_labels_from`]), or (one implicit provider)
+/// nowhere, since every node is then served by it.
 enum Labels {
-    Cache(Store<Node>),
+    Cache(OnceLock<Store<Node>>),
     NotNeeded,
 }
 
@@ -105,19 +106,25 @@ enum Labels {
 pub struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
     labels: Labels,
-    node_writer: std::sync::Mutex<Option<reflector::store::Writer<Node>>>,
 }
 
 impl Registry {
     /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); node labels
-    /// come from its own Node watch cache, started by [`watch::run`].
+    /// come from the Node cache given to [`Registry::read_node_labels_from`].
     pub fn for_objects() -> Arc<Registry> {
-        let (store, writer) = reflector::store();
         Arc::new(Registry {
             slots: RwLock::default(),
-            labels: Labels::Cache(store),
-            node_writer: std::sync::Mutex::new(Some(writer)),
+            labels: Labels::Cache(OnceLock::new()),
         })
+    }
+
+    /// Routes by the labels of the Nodes in `nodes` (the operator's own Node watch
+    /// cache, so the registry adds no second watch of every Node). Only the first call
+    /// counts; a registry of one implicit provider needs no labels and ignores it.
+    pub fn read_node_labels_from(&self, nodes: Store<Node>) {
+        if let Labels::Cache(cell) = &self.labels {
+            let _ = cell.set(nodes);
+        }
     }
 
     /// The one implicit provider of `--provider-spec` or the Go environment, serving
@@ -132,15 +139,7 @@ impl Registry {
         Arc::new(Registry {
             slots: RwLock::new(BTreeMap::from([(name.to_owned(), Arc::new(slot))])),
             labels: Labels::NotNeeded,
-            node_writer: std::sync::Mutex::new(None),
         })
-    }
-
-    pub(crate) fn take_node_writer(&self) -> Option<reflector::store::Writer<Node>> {
-        self.node_writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
     }
 
     /// The slot named `name`, made with `route` when new (its route updated otherwise).
@@ -174,7 +173,8 @@ impl Registry {
     fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
         match &self.labels {
             Labels::NotNeeded => Some(BTreeMap::new()),
-            Labels::Cache(store) => store
+            Labels::Cache(cell) => cell
+                .get()?
                 .get(&reflector::ObjectRef::new(node))
                 .map(|n| n.metadata.labels.clone().unwrap_or_default()),
         }

@@ -71,15 +71,6 @@ pub async fn run(registry: Arc<Registry>, client: kube::Client, options: WatchOp
             return;
         }
     };
-    if let Some(writer) = registry.take_node_writer() {
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        tokio::spawn(
-            watcher(nodes, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .for_each(|_| futures::future::ready(())),
-        );
-    }
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
