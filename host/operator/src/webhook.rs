@@ -197,15 +197,24 @@ async fn validate_handler(
     State(state): State<WebhookState>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
-    let request: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
-    let response = match request {
+    let response = match request_of(&state, review) {
         Ok(request) => review_request(&state, &request).await,
-        Err(e) => {
-            state.metrics.admission("invalid", None);
-            AdmissionResponse::invalid(e.to_string())
-        }
+        Err(invalid) => *invalid,
     };
     Json(response.into_review())
+}
+
+/// The request a review carries, or the `invalid` answer to a review that carries none.
+fn request_of(
+    state: &WebhookState,
+    review: AdmissionReview<DynamicObject>,
+) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
+    review
+        .try_into()
+        .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| {
+            state.metrics.admission("invalid", None);
+            Box::new(AdmissionResponse::invalid(e.to_string()))
+        })
 }
 
 fn refusal_label(r: &Refusal) -> &'static str {
@@ -217,12 +226,15 @@ fn refusal_label(r: &Refusal) -> &'static str {
     }
 }
 
-fn typed(obj: &Option<DynamicObject>) -> Result<Option<ComposabilityRequest>, String> {
+/// The review's object as a `K` (None when the review has none).
+fn typed<K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned>(
+    obj: &Option<DynamicObject>,
+) -> Result<Option<K>, String> {
     obj.as_ref()
         .map(|o| {
             serde_json::to_value(o)
-                .and_then(serde_json::from_value::<ComposabilityRequest>)
-                .map_err(|e| format!("not a valid ComposabilityRequest: {e}"))
+                .and_then(serde_json::from_value::<K>)
+                .map_err(|e| format!("not a valid {}: {e}", K::kind(&())))
         })
         .transpose()
 }
@@ -242,7 +254,10 @@ async fn review_request(
         state.metrics.admission("allowed", None);
         return response;
     }
-    let (new, old) = match (typed(&request.object), typed(&request.old_object)) {
+    let (new, old) = match (
+        typed::<ComposabilityRequest>(&request.object),
+        typed::<ComposabilityRequest>(&request.old_object),
+    ) {
         (Ok(Some(new)), Ok(old)) => (new, old),
         (Ok(None), _) => {
             return deny(
@@ -352,13 +367,9 @@ async fn validate_provider_handler(
     State(state): State<WebhookState>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
-    let request: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
-    let response = match request {
+    let response = match request_of(&state, review) {
         Ok(request) => review_provider(&state, &request).await,
-        Err(e) => {
-            state.metrics.admission("invalid", None);
-            AdmissionResponse::invalid(e.to_string())
-        }
+        Err(invalid) => *invalid,
     };
     Json(response.into_review())
 }
@@ -378,21 +389,10 @@ async fn review_provider(
         state.metrics.admission("allowed", None);
         return response;
     }
-    let new = match request
-        .object
-        .as_ref()
-        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<CdiProvider>))
-    {
-        Some(Ok(p)) => p,
-        Some(Err(e)) => {
-            return deny(
-                response,
-                "invalid",
-                None,
-                format!("not a valid CdiProvider: {e}"),
-            );
-        }
-        None => {
+    let new = match typed::<CdiProvider>(&request.object) {
+        Ok(Some(p)) => p,
+        Err(e) => return deny(response, "invalid", None, e),
+        Ok(None) => {
             return deny(
                 response,
                 "invalid",
