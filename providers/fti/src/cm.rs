@@ -25,6 +25,7 @@ use crate::model::{
     AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
     ProviderError, RemoveOutcome,
 };
+use crate::reserve::Reservations;
 
 pub const ADD_COMPLETE: &str = "ADD_COMPLETE";
 pub const ADD_FAILED: &str = "ADD_FAILED";
@@ -34,9 +35,9 @@ pub const REMOVE_FAILED: &str = "REMOVE_FAILED";
 const PENDING_ADD_TTL_MS: u64 = 60 * 60 * 1000;
 /// How long a removal request is awaited before it is sent again.
 const PENDING_REMOVE_TTL_MS: u64 = 10 * 60 * 1000;
-/// How long a handed-out device stays reserved for its resource; the operator stores
-/// the ids at once, so this only has to outlast one reconcile.
-const CLAIM_TTL_MS: u64 = 60 * 60 * 1000;
+/// The new devices this API handed to a resource: reserved for it (an hour; the
+/// operator stores the ids at once, so this only has to outlast one reconcile).
+const CLAIMS: Reservations = Reservations::new("fti/cm/claim", 60 * 60 * 1000);
 
 #[derive(Deserialize, Default, Debug)]
 pub struct MachineReply {
@@ -187,10 +188,6 @@ fn remove_key(r: &ComposableResource) -> String {
     format!("fti/cm/remove/{}", r.name)
 }
 
-fn claim_key(device_id: &str) -> String {
-    format!("fti/cm/claim/{device_id}")
-}
-
 fn load<T: for<'de> Deserialize<'de>>(host: &(impl Host + ?Sized), key: &str) -> Option<T> {
     serde_json::from_slice(&host.state_get(key)?).ok()
 }
@@ -209,26 +206,6 @@ fn store<T: Serialize>(
         Err(ProviderError::Other(format!(
             "the host refused to store provider state '{key}'"
         )))
-    }
-}
-
-fn claimant(host: &(impl Host + ?Sized), device_id: &str) -> Option<String> {
-    host.state_get(&claim_key(device_id))
-        .and_then(|v| String::from_utf8(v).ok())
-}
-
-/// Reserves a device for a resource. The device is the resource's either way, so a
-/// refused store is only logged: it weakens the guard, it does not fail the attach.
-fn claim(host: &(impl Host + ?Sized), device_id: &str, resource: &str) {
-    if !host.state_set(
-        &claim_key(device_id),
-        resource.as_bytes(),
-        Some(CLAIM_TTL_MS),
-    ) {
-        host.log(
-            LogLevel::Warn,
-            &format!("the host refused to record that device {device_id} is {resource}'s"),
-        );
     }
 }
 
@@ -319,7 +296,7 @@ pub fn add<H: Host + ?Sized>(
                 // the provider's own record of handed-out devices was lost.
                 !p.baseline.contains(id)
                     && !req.claimed_by_another(id)
-                    && claimant(host, id).is_none_or(|owner| owner == r.name)
+                    && CLAIMS.holder(host, id).is_none_or(|owner| owner == r.name)
             })
         };
         let new: Vec<&Device> = spec.devices.iter().filter(mine).collect();
@@ -328,7 +305,7 @@ pub fn add<H: Host + ?Sized>(
             let fabric_id = d.fabric_id().ok_or_else(|| {
                 ProviderError::malformed(format!("added device {id} has no detail.res_uuid"))
             })?;
-            claim(host, id, &r.name);
+            CLAIMS.hand(host, id, &r.name);
             host.state_remove(&add_key(r));
             return Ok(AddOutcome::Attached(AttachedDevice {
                 device_id: id.to_string(),
@@ -342,7 +319,7 @@ pub fn add<H: Host + ?Sized>(
         if let Some(d) = new.first() {
             let id = d.id().unwrap_or_default();
             // Keep the failed device away from other resources waiting on this spec.
-            claim(host, id, &r.name);
+            CLAIMS.hand(host, id, &r.name);
             host.state_remove(&add_key(r));
             return Err(d.failure(ADD_FAILED));
         }
@@ -449,7 +426,7 @@ pub fn remove<H: Host + ?Sized>(
     let Some((spec, device)) = found else {
         host.state_remove(&remove_key(r));
         if let Some(id) = device_id {
-            host.state_remove(&claim_key(id));
+            CLAIMS.release(host, id);
         }
         return Ok(RemoveOutcome::Removed);
     };

@@ -29,6 +29,7 @@ use crate::model::{
     AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
     ProviderError, RemoveOutcome,
 };
+use crate::reserve::Reservations;
 
 /// How long a handed-out device stays reserved for its resource, and an attempt is
 /// remembered; the operator stores the ids at once and retries within minutes, so this
@@ -39,30 +40,9 @@ fn attempt_key(attempt: &str) -> String {
     format!("fti/fm/attempt/{attempt}")
 }
 
-fn handout_key(device_id: &str) -> String {
-    format!("fti/fm/handout/{device_id}")
-}
-
-/// The resource this provider last handed `device_id` to, if it remembers.
-fn handed_to(host: &(impl Host + ?Sized), device_id: &str) -> Option<String> {
-    host.state_get(&handout_key(device_id))
-        .and_then(|v| String::from_utf8(v).ok())
-}
-
-/// Records that `device_id` is `resource`'s. The device is the resource's either way,
-/// so a refused store is only logged: it weakens the guard, it does not fail the attach.
-fn hand_out(host: &(impl Host + ?Sized), device_id: &str, resource: &str) {
-    if !host.state_set(
-        &handout_key(device_id),
-        resource.as_bytes(),
-        Some(HANDOUT_TTL_MS),
-    ) {
-        host.log(
-            LogLevel::Warn,
-            &format!("the host refused to record that device {device_id} is {resource}'s"),
-        );
-    }
-}
+/// The devices this API handed to a resource whose ids the operator may not have
+/// stored yet: a retry must not adopt them for another resource.
+const HANDED: Reservations = Reservations::new("fti/fm/handout", HANDOUT_TTL_MS);
 
 #[derive(Deserialize, Default, Debug)]
 pub struct MachinesReply {
@@ -239,7 +219,7 @@ pub fn add<H: Host + ?Sized>(
     let retry = known_claims && host.state_get(&attempt_key(&req.attempt_key)).is_some();
     if retry {
         let m = read_machine(f, machine)?;
-        if let Some(res) = adoptable(&m, req, |id| handed_to(f.host(), id)) {
+        if let Some(res) = adoptable(&m, req, |id| HANDED.holder(f.host(), id)) {
             let outcome = outcome_of(f, res, r, machine)?;
             f.host().log(
                 LogLevel::Info,
@@ -331,7 +311,7 @@ fn outcome_of<H: Host + ?Sized>(
             )));
         }
     }
-    hand_out(f.host(), serial, &r.name);
+    HANDED.hand(f.host(), serial, &r.name);
     Ok(AddOutcome::Attached(AttachedDevice {
         device_id: serial.to_string(),
         fabric_device_id: uuid.to_string(),
@@ -381,7 +361,7 @@ pub fn remove<H: Host + ?Sized>(
     }});
     f.call(Method::Delete, &update_path(f, machine), Some(&body))?;
     if let Some(serial) = present(&res.res_serial_num) {
-        f.host().state_remove(&handout_key(serial));
+        HANDED.release(f.host(), serial);
     }
     Ok(RemoveOutcome::Removed)
 }

@@ -25,6 +25,7 @@ mod health;
 pub mod jwt;
 pub mod machine;
 mod reply;
+mod reserve;
 pub mod token;
 
 pub use config::{ApiType, Config};

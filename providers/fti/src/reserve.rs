@@ -1,0 +1,49 @@
+//! Which resource a device was handed to, remembered in the host's state store.
+//!
+//! Both APIs need it: between the reply that hands a resource its device and the
+//! operator storing the device's ids, the device is attached but claimed by no
+//! ComposableResource, and another resource attaching on the same machine at that
+//! moment must not take it (nor may a retry adopt it).
+
+use crate::host::{Host, LogLevel};
+
+/// The devices one API has handed out, under its own prefix in the state store.
+pub struct Reservations {
+    prefix: &'static str,
+    ttl_ms: u64,
+}
+
+impl Reservations {
+    /// `ttl_ms` only has to outlast the few reconciles before the operator stores the
+    /// device's ids; a forgotten reservation weakens the guard, nothing more.
+    pub const fn new(prefix: &'static str, ttl_ms: u64) -> Self {
+        Self { prefix, ttl_ms }
+    }
+
+    fn key(&self, device_id: &str) -> String {
+        format!("{}/{device_id}", self.prefix)
+    }
+
+    /// The resource `device_id` was handed to, if this provider remembers.
+    pub fn holder(&self, host: &(impl Host + ?Sized), device_id: &str) -> Option<String> {
+        host.state_get(&self.key(device_id))
+            .and_then(|v| String::from_utf8(v).ok())
+    }
+
+    /// Records that `device_id` is `resource`'s. The device is the resource's either
+    /// way, so a refused store is only logged: it weakens the guard, it does not fail
+    /// the attach.
+    pub fn hand(&self, host: &(impl Host + ?Sized), device_id: &str, resource: &str) {
+        if !host.state_set(&self.key(device_id), resource.as_bytes(), Some(self.ttl_ms)) {
+            host.log(
+                LogLevel::Warn,
+                &format!("the host refused to record that device {device_id} is {resource}'s"),
+            );
+        }
+    }
+
+    /// Forgets `device_id`'s reservation (it was detached).
+    pub fn release(&self, host: &(impl Host + ?Sized), device_id: &str) {
+        host.state_remove(&self.key(device_id));
+    }
+}
