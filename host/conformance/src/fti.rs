@@ -64,18 +64,8 @@ impl FtiFabric {
     pub fn start(api: FtiApi) -> Result<FtiFabric, SuiteError> {
         let sim = FabricSim::start(SimConfig::default().with_cm_delay(CM_DELAY))
             .map_err(|e| SuiteError::Simulator(e.to_string()))?;
-        let creds = sim.credentials();
-        let cluster = StaticCluster::new().with_secret(
-            SECRET_NAMESPACE,
-            SECRET_NAME,
-            [
-                ("username", creds.username),
-                ("password", creds.password),
-                ("client_id", creds.client_id),
-                ("client_secret", creds.client_secret),
-                ("realm", sim.realm().to_string()),
-            ],
-        );
+        let cluster =
+            StaticCluster::new().with_secret(SECRET_NAMESPACE, SECRET_NAME, sim.secret_data());
         Ok(FtiFabric {
             api,
             sim,

@@ -273,6 +273,19 @@ impl FabricSim {
         self.shared().credentials.clone()
     }
 
+    /// The credentials Secret's data under the five keys the FTI provider reads
+    /// (docs/fti-fabric-api.md): what a test or the conformance suite grants it.
+    pub fn secret_data(&self) -> [(&'static str, String); 5] {
+        let c = self.credentials();
+        [
+            ("username", c.username),
+            ("password", c.password),
+            ("client_id", c.client_id),
+            ("client_secret", c.client_secret),
+            ("realm", self.realm().to_string()),
+        ]
+    }
+
     pub fn fabric_uuid(&self) -> &str {
         &self.shared().fabric_uuid
     }

@@ -265,18 +265,8 @@ impl FixtureBuilder {
             Err(e) => panic!("provider spec refused: {e}"),
         };
 
-        let creds = sim.credentials();
-        let cluster = StaticCluster::new().with_secret(
-            SECRET_NAMESPACE,
-            SECRET_NAME,
-            [
-                ("username", creds.username),
-                ("password", creds.password),
-                ("client_id", creds.client_id),
-                ("client_secret", creds.client_secret),
-                ("realm", sim.realm().to_string()),
-            ],
-        );
+        let cluster =
+            StaticCluster::new().with_secret(SECRET_NAMESPACE, SECRET_NAME, sim.secret_data());
         let runtime = match &self.clock {
             None => shared_runtime(),
             Some(clock) => match Runtime::new(RuntimeOptions {

@@ -107,18 +107,8 @@ pub async fn start_in(runtime: &Runtime, config: &[(&str, &str)]) -> PyFixture {
         Ok(s) => s,
         Err(e) => panic!("provider spec refused: {e}"),
     };
-    let creds = sim.credentials();
-    let cluster = StaticCluster::new().with_secret(
-        SECRET_NAMESPACE,
-        SECRET_NAME,
-        [
-            ("username", creds.username),
-            ("password", creds.password),
-            ("client_id", creds.client_id),
-            ("client_secret", creds.client_secret),
-            ("realm", sim.realm().to_string()),
-        ],
-    );
+    let cluster =
+        StaticCluster::new().with_secret(SECRET_NAMESPACE, SECRET_NAME, sim.secret_data());
     let provider = runtime
         .load(&spec, Arc::new(cluster.clone()))
         .await
