@@ -61,6 +61,8 @@ const ORPHAN_GRACE_PERIOD: &str = "--orphan-grace-period (CRO_ORPHAN_GRACE_PERIO
 const HEALTH_CHECK_PERIOD: &str = "--health-check-period (CRO_HEALTH_CHECK_PERIOD)";
 const POLL_INTERVAL: &str = "--poll-interval (CRO_POLL_INTERVAL)";
 const MAX_BACKOFF: &str = "--max-backoff (CRO_MAX_BACKOFF)";
+/// See [`OperatorConfig::max_concurrent_reconciles`].
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 const CA_VALIDITY: &str = "--webhook-ca-validity (CRO_WEBHOOK_CA_VALIDITY)";
 const CERT_VALIDITY: &str = "--webhook-cert-validity (CRO_WEBHOOK_CERT_VALIDITY)";
 
@@ -195,6 +197,12 @@ pub struct OperatorConfig {
     pub credentials: Option<crate::credentials::SecretRef>,
     /// Namespaces a `CdiProvider` may grant a Secret from; empty means `namespace` only.
     pub provider_secret_namespaces: Vec<String>,
+    /// Reconciliations each controller runs at once (never two of one object). Unbounded,
+    /// a burst of a thousand new requests ran thousands of reconciliations at once, each
+    /// with its own API connection and buffers: memory grew with the burst
+    /// (docs/BENCHMARKS.md). Most of a reconciliation waits (API round trips, the fabric,
+    /// a node's lock), so a few dozen keep the provider's calls and the API server busy.
+    pub max_concurrent_reconciles: u16,
 }
 
 impl OperatorConfig {
@@ -209,6 +217,7 @@ impl OperatorConfig {
             metrics_secure: false,
             webhook: None,
             leader_election: None,
+            max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             controller_name: "cro-operator".to_owned(),
             namespace: DEFAULT_NAMESPACE.to_owned(),
             release_orphan_cxl_memory: false,
@@ -285,6 +294,10 @@ pub struct RunArgs {
     /// Largest retry delay after repeated errors.
     #[arg(long, env = "CRO_MAX_BACKOFF", default_value = "5m")]
     pub max_backoff: String,
+    /// Reconciliations each controller runs at once (at least 1; never two of one
+    /// object). Bounds the operator's memory and API connections under a burst.
+    #[arg(long, env = "CRO_MAX_CONCURRENT_RECONCILES", default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES)]
+    pub max_concurrent_reconciles: u16,
     /// Address of /metrics, /healthz and /readyz ("" or "0" disables it; ":8080" means
     /// every interface). `--metrics-bind-address` is the Go operator's name for it.
     #[arg(
@@ -392,6 +405,13 @@ impl RunArgs {
             setting_duration(&self.health_check_period, HEALTH_CHECK_PERIOD)?;
         config.timings.poll_interval = setting_duration(&self.poll_interval, POLL_INTERVAL)?;
         config.timings.backoff_max = setting_duration(&self.max_backoff, MAX_BACKOFF)?;
+        if self.max_concurrent_reconciles == 0 {
+            return Err(ConfigError::Invalid(
+                "--max-concurrent-reconciles (CRO_MAX_CONCURRENT_RECONCILES) must be at least 1"
+                    .into(),
+            ));
+        }
+        config.max_concurrent_reconciles = self.max_concurrent_reconciles;
         for (name, d) in [
             ("sync period", config.timings.sync_period),
             ("health check period", config.timings.health_period),
@@ -531,6 +551,26 @@ mod tests {
         for bad in ["", "s", "10x", "-1s", "1.5s", "99999999999999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn reconcile_concurrency_is_bounded_by_default_settable_and_never_zero() {
+        let c = Cli::parse_from(["cro"]).run.into_config().unwrap();
+        assert_eq!(
+            c.max_concurrent_reconciles,
+            DEFAULT_MAX_CONCURRENT_RECONCILES
+        );
+        let c = Cli::parse_from(["cro", "--max-concurrent-reconciles", "4"])
+            .run
+            .into_config()
+            .unwrap();
+        assert_eq!(c.max_concurrent_reconciles, 4);
+        let e = Cli::parse_from(["cro", "--max-concurrent-reconciles", "0"])
+            .run
+            .into_config()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CRO_MAX_CONCURRENT_RECONCILES"), "{e}");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct Context {
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     rescans: Mutex<HashMap<String, Instant>>,
+    /// Per object, the resource version its last reconciliation here left it at (see
+    /// [`Context::is_current`]).
+    left_at: Mutex<HashMap<String, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -63,6 +66,7 @@ impl Context {
             recorder,
             failures: Mutex::default(),
             rescans: Mutex::default(),
+            left_at: Mutex::default(),
         }
     }
 
@@ -96,6 +100,30 @@ impl Context {
 
     pub fn forget_rescan(&self, key: &str) {
         lock(&self.rescans).remove(key);
+    }
+
+    /// Records the version a reconciliation of `key` left the object at (None: it is
+    /// gone, or the reconciliation failed and what it wrote is not known).
+    pub fn left_at(&self, key: &str, version: Option<&str>) {
+        let mut left = lock(&self.left_at);
+        match version.and_then(|v| v.parse::<u64>().ok()) {
+            Some(v) => {
+                left.insert(key.to_owned(), v);
+            }
+            None => {
+                left.remove(key);
+            }
+        }
+    }
+
+    /// Whether a copy of `key` at `version` shows everything the last reconciliation here
+    /// wrote to it: there was one, it finished, and the copy is at least that new
+    /// (resource versions are comparable integers, as `Caches::caught_up` relies on too).
+    pub fn is_current(&self, key: &str, version: Option<&str>) -> bool {
+        let Some(v) = version.and_then(|v| v.parse::<u64>().ok()) else {
+            return false;
+        };
+        lock(&self.left_at).get(key).is_some_and(|&left| v >= left)
     }
 
     /// Publishes an Event; a failure to do so is logged, never fatal.
@@ -200,6 +228,22 @@ mod tests {
         assert_eq!(ctx.next_backoff("b").as_millis(), 100);
         ctx.succeeded("a");
         assert_eq!(ctx.next_backoff("a").as_millis(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_current_only_when_as_new_as_the_last_reconciliation_left_it() {
+        let ctx = context();
+        // Never reconciled here: read it.
+        assert!(!ctx.is_current("r/a", Some("7")));
+        ctx.left_at("r/a", Some("7"));
+        assert!(ctx.is_current("r/a", Some("7")));
+        assert!(ctx.is_current("r/a", Some("9")));
+        assert!(!ctx.is_current("r/a", Some("6")));
+        assert!(!ctx.is_current("r/a", None));
+        assert!(!ctx.is_current("r/a", Some("not a number")));
+        // A failed reconciliation (or a deleted object) forgets: read it again.
+        ctx.left_at("r/a", None);
+        assert!(!ctx.is_current("r/a", Some("9")));
     }
 
     #[tokio::test]

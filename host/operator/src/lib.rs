@@ -51,6 +51,7 @@ pub mod source;
 pub mod startup;
 pub mod sync;
 pub mod text;
+pub mod triggers;
 pub mod views;
 pub mod webhook;
 

@@ -197,9 +197,9 @@ pub fn to_domain(resource: &ComposableResource) -> domain::ComposableResource {
 
 /// The devices ComposableResources hold (their status, or the device an orphan's
 /// ready-to-detach label names), as claims for the provider.
-pub fn claims(resources: &[ComposableResource]) -> Vec<Claim> {
+pub fn claims<'a>(resources: impl IntoIterator<Item = &'a ComposableResource>) -> Vec<Claim> {
     resources
-        .iter()
+        .into_iter()
         .filter_map(|r| {
             let orphan = r.ready_to_detach().map(|o| o.device_id);
             let device_id = r.device_id().map(str::to_owned).or(orphan)?;

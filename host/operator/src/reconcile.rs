@@ -90,7 +90,28 @@ pub fn reconcile_span<K: Reported>(controller: &'static str, obj: &K) -> tracing
     )
 }
 
-/// Runs one reconciliation of `obj` (freshly read), reports the outcome and maps it to
+/// The object to reconcile, or None when it is gone: the controller's cached copy when it
+/// shows everything this process's last reconciliation of it wrote
+/// ([`Context::is_current`]), else read from the API server. A copy older than that
+/// could make a provider call on ids that are no longer the object's (an attach whose
+/// stored ids the copy lacks would attach a second device), which is why a first
+/// reconciliation, one after a failure and one whose copy lags always read. Reading
+/// every time was two of every five API reads of a convergence (docs/BENCHMARKS.md).
+pub async fn current<K>(ctx: &Context, obj: Arc<K>) -> Result<Option<K>, ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    if ctx.is_current(
+        &object_key(obj.as_ref()),
+        obj.meta().resource_version.as_deref(),
+    ) {
+        return Ok(Some(obj.as_ref().clone()));
+    }
+    let api: Api<K> = Api::all(ctx.client.clone());
+    Ok(api.get_opt(&obj.name_any()).await?)
+}
+
+/// Runs one reconciliation of `obj` (read by [`current`]), reports the outcome and maps it to
 /// the controller's result: `status.error` and the Ready condition always describe what
 /// the reconciliation left.
 pub async fn run<K, F, Fut>(
@@ -134,35 +155,46 @@ where
         Ok((step, latest)) => {
             ctx.succeeded(&key);
             // `latest` is the object as the reconciliation left it (None: deleted).
-            if let Some(latest) = latest
-                && let Some(report) =
-                    conditions::report_patch(&latest, &step.error, step.not_ready, Timestamp::now())
-            {
-                if !step.error.is_empty() && latest.status_error() != step.error {
-                    ctx.event(
-                        &reference,
-                        EventType::Warning,
-                        "Unhealthy",
-                        "Check",
-                        &step.error,
-                    )
-                    .await;
+            let Some(latest) = latest else {
+                ctx.left_at(&key, None);
+                return Ok(step.action);
+            };
+            let Some(report) =
+                conditions::report_patch(&latest, &step.error, step.not_ready, Timestamp::now())
+            else {
+                ctx.left_at(&key, latest.meta().resource_version.as_deref());
+                return Ok(step.action);
+            };
+            if !step.error.is_empty() && latest.status_error() != step.error {
+                ctx.event(
+                    &reference,
+                    EventType::Warning,
+                    "Unhealthy",
+                    "Check",
+                    &step.error,
+                )
+                .await;
+            }
+            match patch::status(&api, &latest, &report, false).await {
+                Ok(reported) => ctx.left_at(&key, reported.meta().resource_version.as_deref()),
+                // Gone while this reconciliation finished: nothing left to report on.
+                Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {
+                    ctx.left_at(&key, None);
                 }
-                match patch::status(&api, &latest, &report, false).await {
-                    // Gone while this reconciliation finished: nothing left to report on.
-                    Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {}
-                    other => {
-                        other?;
-                    }
+                Err(e) => {
+                    ctx.left_at(&key, None);
+                    return Err(e);
                 }
             }
             Ok(step.action)
         }
         Err(e) if e.is_conflict() => {
             tracing::debug!(object = %key, "conflict; retrying");
+            ctx.left_at(&key, None);
             Err(e)
         }
         Err(e) => {
+            ctx.left_at(&key, None);
             let message = e.to_string();
             tracing::warn!(object = %key, error = %message, "reconcile failed");
             ctx.event(

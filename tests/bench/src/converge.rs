@@ -13,6 +13,7 @@ use fabric_sim::{Fault, Injection};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 
 use crate::common::{Env, gpu};
@@ -42,8 +43,9 @@ struct Counts {
 }
 
 /// "GET pods" from "/api/v1/namespaces/x/pods/name?…": the method and the plural after
-/// the last version or namespace segment.
-fn kind_of(method: &hyper::Method, path: &str) -> String {
+/// the last version or namespace segment; a read of the collection is a LIST, one that a
+/// label or field selector narrows a "LIST … (selected)".
+fn kind_of(method: &hyper::Method, path: &str, query: &str) -> String {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let mut kind = "?";
     let mut i = 0;
@@ -68,7 +70,18 @@ fn kind_of(method: &hyper::Method, path: &str) -> String {
         .filter(|l| ["status", "exec"].contains(l))
         .map(|l| format!("/{l}"))
         .unwrap_or_default();
-    format!("{method} {kind}{sub}")
+    // A GET of the collection itself is a LIST (a read of every object, or of those a
+    // selector picks), far dearer than reading one object: counted apart.
+    let list = method == hyper::Method::GET && segs.last() == Some(&kind);
+    if list && (query.contains("labelSelector=") || query.contains("fieldSelector=")) {
+        return format!("LIST {kind} (selected)");
+    }
+    let verb = if list {
+        "LIST".to_owned()
+    } else {
+        method.to_string()
+    };
+    format!("{verb} {kind}{sub}")
 }
 
 impl Counts {
@@ -90,7 +103,7 @@ fn counting_client(config: &kube::Config, counts: Arc<Counts>) -> Result<kube::C
                     .by_kind
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .entry(kind_of(req.method(), req.uri().path()))
+                    .entry(kind_of(req.method(), req.uri().path(), query))
                     .or_default() += 1;
             }
             if req.method() == hyper::Method::GET {
@@ -130,16 +143,14 @@ async fn write_round_trip(client: &kube::Client) -> Result<Duration> {
 }
 
 /// Waits until `left` counts nothing left: the time it took, or (at the phase
-/// deadline) how many were still left.
-async fn wait_until<F, Fut>(
+/// deadline) how many were still left. `left` reads the benchmark's own watch caches, so
+/// waiting costs the API server nothing (a LIST of every request and resource four times
+/// a second was a large part of its load at N = 1,000).
+async fn wait_until(
     what: &str,
     peak: &Mutex<u64>,
-    mut left: F,
-) -> Result<std::result::Result<Duration, usize>>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<usize>>,
-{
+    left: impl Fn() -> usize,
+) -> std::result::Result<Duration, usize> {
     let start = Instant::now();
     let deadline = phase_deadline();
     loop {
@@ -149,16 +160,37 @@ where
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             *p = (*p).max(rss().0);
         }
-        let n = left().await?;
+        let n = left();
         if n == 0 {
-            return Ok(Ok(start.elapsed()));
+            return Ok(start.elapsed());
         }
         if start.elapsed() > deadline {
             eprintln!("{what}: {n} left after {deadline:?}");
-            return Ok(Err(n));
+            return Err(n);
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A watch cache of every `K`, kept current by a task of its own until the run ends.
+async fn watch_all<K>(api: Api<K>) -> Result<reflector::Store<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug,
+    K: serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    tokio::spawn(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            // Kept small: the process's RSS is reported, and the operator shares it.
+            .modify(|o| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .for_each(|_| futures::future::ready(())),
+    );
+    tokio::time::timeout(Duration::from_secs(60), store.wait_until_ready())
+        .await
+        .context("the benchmark's watch did not list in 60 s")??;
+    Ok(store)
 }
 
 pub fn main(n: usize, m: usize, latency_ms: u64) -> Result<()> {
@@ -202,6 +234,8 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     let resources: Api<ComposableResource> = Api::all(env.client.clone());
     // Request i asks for its 2 GPUs on node i mod M (samenode with a target node), so the
     // devices spread evenly: N·2/M per node.
+    let watched_requests = watch_all(requests.clone()).await?;
+    let watched_resources = watch_all(resources.clone()).await?;
     let spec = gpu(2);
     futures::stream::iter(0..n)
         .map(|i| {
@@ -223,10 +257,9 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
             futures::future::ready(())
         })
         .await;
-    let up = wait_until("all Running", &peak, || async {
-        let list = requests.list(&ListParams::default()).await?;
-        let running = list
-            .items
+    let up = wait_until("all Running", &peak, || {
+        let running = watched_requests
+            .state()
             .iter()
             .filter(|r| {
                 r.status
@@ -234,10 +267,9 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
                     .is_some_and(|s| s.state == RequestState::Running)
             })
             .count();
-        Ok(n.saturating_sub(running))
+        n.saturating_sub(running)
     })
-    .await
-    .context("convergence")?;
+    .await;
     let (writes_up, events_up, reads_up) = counts.take();
     let by_kind_up = std::mem::take(
         &mut *counts
@@ -271,12 +303,10 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
             futures::future::ready(())
         })
         .await;
-    let down = wait_until("all detached", &peak, || async {
-        Ok(requests.list(&ListParams::default()).await?.items.len()
-            + resources.list(&ListParams::default()).await?.items.len())
+    let down = wait_until("all detached", &peak, || {
+        watched_requests.state().len() + watched_resources.state().len()
     })
-    .await
-    .context("deletion")?;
+    .await;
     let (writes_down, events_down, reads_down) = counts.take();
     let by_kind_down = std::mem::take(
         &mut *counts
@@ -345,4 +375,49 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
 
 fn common_model() -> &'static str {
     crate::common::MODEL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kind_of;
+    use hyper::Method;
+
+    #[test]
+    fn requests_are_named_by_verb_and_kind_and_a_collection_read_is_a_list() {
+        let g = Method::GET;
+        assert_eq!(kind_of(&g, "/api/v1/nodes/worker-0001", ""), "GET nodes");
+        assert_eq!(kind_of(&g, "/api/v1/nodes", ""), "LIST nodes");
+        assert_eq!(
+            kind_of(
+                &g,
+                "/apis/cro.hpsys.ibm.ie.com/v1alpha1/composableresources",
+                ""
+            ),
+            "LIST composableresources"
+        );
+        assert_eq!(
+            kind_of(
+                &Method::PATCH,
+                "/apis/cro.hpsys.ibm.ie.com/v1alpha1/composableresources/r1/status",
+                ""
+            ),
+            "PATCH composableresources/status"
+        );
+        assert_eq!(
+            kind_of(
+                &g,
+                "/api/v1/namespaces/gpu-operator/pods",
+                "labelSelector=app%3Dnvidia-driver"
+            ),
+            "LIST pods (selected)"
+        );
+        assert_eq!(
+            kind_of(
+                &Method::POST,
+                "/api/v1/namespaces/gpu-operator/pods/p1/exec",
+                ""
+            ),
+            "POST pods/exec"
+        );
+    }
 }

@@ -455,6 +455,29 @@ impl FabricSim {
             .collect()
     }
 
+    /// The sequence number of the newest request recorded (0: none yet, or cleared).
+    /// Cheap, unlike [`FabricSim::requests`]: the node simulation asks on every command.
+    pub fn last_seq(&self) -> u64 {
+        lock(&self.shared().records).last().map_or(0, |r| r.seq)
+    }
+
+    /// Whether a request to one of `routes` came after request `seq` and satisfies
+    /// `pred`. Looks only at the requests after `seq` (they are kept in arrival order)
+    /// and copies none: the node simulation asks for every GPU being drained, and a
+    /// copy of every request each time made a run of N devices cost N² in the simulator.
+    pub fn any_request_since(
+        &self,
+        seq: u64,
+        routes: &[Route],
+        pred: impl Fn(&RecordedRequest) -> bool,
+    ) -> bool {
+        lock(&self.shared().records)
+            .iter()
+            .rev()
+            .take_while(|r| r.seq > seq)
+            .any(|r| r.route.as_ref().is_some_and(|route| routes.contains(route)) && pred(r))
+    }
+
     pub fn token_requests(&self) -> Vec<RecordedRequest> {
         self.requests_to(Route::Token)
     }

@@ -54,6 +54,8 @@ pub(crate) struct Pods {
     /// DaemonSet → the status last written (with the DaemonSet's uid, as a re-created
     /// one starts without), so an unchanged one is not written again.
     statuses: BTreeMap<String, (Option<String>, Value)>,
+    /// Node → the `nvidia.com/gpu` count its kubelet last wrote into the Node's status.
+    gpus_reported: BTreeMap<String, usize>,
 }
 
 fn random_suffix() -> String {
@@ -256,6 +258,40 @@ async fn install_cluster_policy(
     }
 }
 
+/// The kubelet's part of a Ready device plugin: the node's `nvidia.com/gpu` capacity and
+/// allocatable in the Node's status, written when the count changes, as a kubelet posts
+/// its Node status. Real Nodes are written this way all the time (and more: conditions,
+/// images), so an operator that wakes every device on a node for each Node write is
+/// seen doing so here. The plugin counts the GPUs it listed when it started (a GPU
+/// that came later shows after its restart).
+async fn report_gpus(
+    node_objects: &Api<k8s_openapi::api::core::v1::Node>,
+    reported: &mut BTreeMap<String, usize>,
+    nodes: &SimNodes,
+    node: &str,
+) -> Result<(), kube::Error> {
+    let count = nodes.listed_gpus(node).len();
+    if reported.get(node) == Some(&count) {
+        return Ok(());
+    }
+    let gpus = count.to_string();
+    let patch = json!({"status": {
+        "capacity": {"nvidia.com/gpu": gpus},
+        "allocatable": {"nvidia.com/gpu": gpus},
+    }});
+    match node_objects
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        // Deleted since this round listed it: the next round forgets its pods.
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e),
+    }
+    reported.insert(node.to_owned(), count);
+    Ok(())
+}
+
 /// One round of the simulation over every node.
 pub(crate) async fn round(
     client: &kube::Client,
@@ -371,7 +407,8 @@ pub(crate) async fn round(
                 continue;
             };
             updated += 1;
-            if !pod.ready && pod.started.elapsed() >= pod.ready_after {
+            let became_ready = !pod.ready && pod.started.elapsed() >= pod.ready_after;
+            if became_ready {
                 set_pod_status(&pod_api, &pod.name, true).await?;
                 pod.ready = true;
                 let mut w = nodes.lock();
@@ -384,6 +421,9 @@ pub(crate) async fn round(
                     // The driver container starts the persistence daemon.
                     n.start_persistenced();
                 }
+            }
+            if became_ready && spec.name == DEVICE_PLUGIN_DS {
+                report_gpus(&node_objects, &mut pods.gpus_reported, nodes, node).await?;
             }
             if pod.ready {
                 ready += 1;

@@ -82,7 +82,7 @@ impl SimNodes {
             .filter(|d| d.res_type == "gpu" && d.status == DeviceStatus::AddComplete)
             .map(|d| d.serial)
             .collect();
-        let last = fabric.requests().last().map_or(0, |r| r.seq);
+        let last = fabric.last_seq();
         let mut gone = BTreeSet::new();
         for gpu in state.drain_marks() {
             let seq = *world.marked_at.entry(gpu.clone()).or_insert(last);
@@ -104,11 +104,9 @@ impl SimNodes {
         if device.machine.is_none() {
             return true;
         }
-        [Route::FmDetach, Route::CmResize].into_iter().any(|route| {
-            fabric.requests_to(route).iter().any(|r| {
-                let body = String::from_utf8_lossy(&r.body);
-                r.seq > seq && (body.contains(&device.res_uuid) || body.contains(gpu))
-            })
+        fabric.any_request_since(seq, &[Route::FmDetach, Route::CmResize], |r| {
+            let body = String::from_utf8_lossy(&r.body);
+            body.contains(&device.res_uuid) || body.contains(gpu)
         })
     }
 
@@ -220,11 +218,7 @@ impl SimNodes {
         };
         let out = node.exec(target.kind, command);
         let marks = node.drain_marks();
-        let last = self
-            .fabric_for(&w, &target.node)
-            .requests()
-            .last()
-            .map_or(0, |r| r.seq);
+        let last = self.fabric_for(&w, &target.node).last_seq();
         for gpu in marks {
             w.marked_at.entry(gpu).or_insert(last);
         }

@@ -35,6 +35,7 @@ use crate::error::ReconcileError;
 use crate::patch;
 use crate::reconcile::{self, Step};
 use crate::resource::node_exists;
+use crate::triggers;
 
 pub const CONTROLLER: &str = "composabilityrequest";
 
@@ -90,8 +91,7 @@ pub async fn reconcile(
     obj: Arc<ComposabilityRequest>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
-    let Some(fresh) = api.get_opt(&obj.name_any()).await? else {
+    let Some(fresh) = reconcile::current(&ctx, obj).await? else {
         return Ok(Action::await_change());
     };
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
@@ -107,12 +107,8 @@ pub(crate) async fn resources_of(
     req: &ComposabilityRequest,
 ) -> Result<Vec<ComposableResource>, ReconcileError> {
     let request = req.name_any();
-    if let Some(all) = ctx.caches.resources() {
-        let mine: Vec<ComposableResource> = all
-            .iter()
-            .filter(|r| r.managed_by() == Some(request.as_str()))
-            .map(|r| r.as_ref().clone())
-            .collect();
+    if let Some(cached) = ctx.caches.resources_of_request(&request) {
+        let mine: Vec<ComposableResource> = cached.iter().map(|r| r.as_ref().clone()).collect();
         let recorded = req.status.iter().flat_map(|s| s.resources.keys());
         if recorded
             .into_iter()
@@ -228,7 +224,8 @@ pub(crate) fn spec_changed(req: &ComposabilityRequest) -> bool {
 
 /// Builds the controller: requests, plus their ComposableResources (by label, so a
 /// device's change wakes its request at once) and Nodes (a node that comes or goes
-/// can unblock an allocation or orphan a request).
+/// can unblock an allocation or orphan a request; so can a change of the capacity
+/// placement compares, `triggers::request_view`, and nothing else of a Node).
 pub fn controller(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -243,9 +240,11 @@ pub fn controller(
             watcher::Config::default(),
             |r: ComposableResource| r.managed_by().map(ObjectRef::<ComposabilityRequest>::new),
         )
-        .watches(
-            Api::<Node>::all(client),
-            watcher::Config::default(),
+        .watches_stream(
+            triggers::secondary(
+                CONTROLLER,
+                triggers::node_changes(Api::<Node>::all(client), triggers::request_view),
+            ),
             move |node: Node| {
                 let name = node.name_any();
                 store
@@ -255,6 +254,10 @@ pub fn controller(
                     .map(|r| ObjectRef::from_obj(r.as_ref()))
                     .collect::<Vec<_>>()
             },
+        )
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(ctx.config.max_concurrent_reconciles),
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, reconcile::error_policy, ctx)

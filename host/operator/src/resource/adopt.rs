@@ -132,9 +132,11 @@ pub fn awaiting_adoption(
 
 /// Device ids some resource holds: by its status, or by its ready-to-detach label (a
 /// resource created to release an orphan holds the device before it has a status).
-fn claimed_ids(resources: &[ComposableResource]) -> BTreeSet<String> {
+fn claimed_ids<'a>(
+    resources: impl IntoIterator<Item = &'a ComposableResource>,
+) -> BTreeSet<String> {
     resources
-        .iter()
+        .into_iter()
         .flat_map(|r| {
             let orphan = r.ready_to_detach().map(|o| o.device_id);
             r.device_id().map(str::to_owned).into_iter().chain(orphan)
@@ -180,15 +182,16 @@ pub async fn add(
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
     let attempt = recorded(res);
-    // What the cluster holds, for the provider to tell its device from another's.
-    let held = ctx.caches.all_resources(&ctx.client, res).await?;
+    // What the node's resources hold, for the provider to tell its device from another's.
+    let held = ctx.caches.node_resources(&ctx.client, res).await?;
+    let held = || held.iter().map(AsRef::as_ref);
     if must_look_first(attempt.as_ref(), &PROCESS) {
         let devices = ctx
             .provider
-            .list_claimed(&claims(&held))
+            .list_claimed(&claims(held()))
             .await
             .map_err(|e| ReconcileError::provider(Operation::List, e))?;
-        let claimed = claimed_ids(&held);
+        let claimed = claimed_ids(held());
         if let Some(device) = pick(&devices, &claimed, &to_domain(res)) {
             tracing::warn!(resource = %name, node = %res.spec.target_node,
                 device = %device.device_id,
@@ -206,7 +209,7 @@ pub async fn add(
 
     let result = ctx
         .provider
-        .add(guard, &add_request(res, claims(&held)))
+        .add(guard, &add_request(res, claims(held())))
         .await;
     match &result {
         Ok(AddOutcome::InProgress(_)) => write(&api, res, Some(&tracked)).await?,
@@ -217,12 +220,7 @@ pub async fn add(
             // From the watch cache, caught up with `res` as written just before the call.
             let other = ctx
                 .caches
-                .find_resource(&ctx.client, res, |r| {
-                    r.name_any() != name
-                        && (r.device_id() == Some(&device.device_id)
-                            || r.ready_to_detach()
-                                .is_some_and(|o| o.device_id == device.device_id))
-                })
+                .find_holder(&ctx.client, res, &device.device_id, true)
                 .await?;
             if let Some(other) = other {
                 return Ok(Err(CallError::Provider(ProviderError::Other(format!(

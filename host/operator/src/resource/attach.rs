@@ -169,13 +169,24 @@ async fn record_machine(
     if res.annotations().contains_key(ANNOTATION_NODE_MACHINE) {
         return Ok(res);
     }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let Some(machine) = nodes
-        .get_opt(&res.spec.target_node)
-        .await?
-        .as_ref()
-        .and_then(NodeMachine::of_node)
-    else {
+    // What names a node's machine is set when the node joins, so the cached Node will
+    // do; one that names nothing (yet, or not yet in the cache) is read again.
+    let cached = ctx
+        .caches
+        .node(&res.spec.target_node)
+        .and_then(|n| NodeMachine::of_node(&n));
+    let machine = match cached {
+        Some(machine) => Some(machine),
+        None => {
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            nodes
+                .get_opt(&res.spec.target_node)
+                .await?
+                .as_ref()
+                .and_then(NodeMachine::of_node)
+        }
+    };
+    let Some(machine) = machine else {
         return Ok(res);
     };
     let patch = serde_json::json!({"metadata": {"annotations": {

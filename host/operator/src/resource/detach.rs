@@ -284,17 +284,15 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
 /// cache once it shows every change up to this resource's version and every device id an
 /// attach of this process stored (the caller holds the node lock, so an attach on this
 /// node that was handed this device has stored and noted its ids by then), each holder
-/// it names confirmed by a read; else from a LIST (see `Caches::find_resource`).
+/// it names confirmed by a read; else from a LIST (see `Caches::find_holder`).
 async fn holder_elsewhere(
     ctx: &Context,
     me: &ComposableResource,
     device: &str,
 ) -> Result<Option<String>, ReconcileError> {
-    let name = me.name_any();
-    let holds = |r: &ComposableResource| r.name_any() != name && r.device_id() == Some(device);
     Ok(ctx
         .caches
-        .find_resource(&ctx.client, me, holds)
+        .find_holder(&ctx.client, me, device, false)
         .await?
         .map(|r| r.name_any()))
 }

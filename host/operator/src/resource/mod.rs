@@ -30,6 +30,7 @@ use crate::nodeops::driver::running_and_ready;
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::to_domain;
 use crate::reconcile::{self, Step};
+use crate::triggers;
 
 pub use adopt::{ANNOTATION_ATTACH_ATTEMPT, awaiting_adoption};
 
@@ -41,8 +42,7 @@ pub async fn reconcile(
     obj: Arc<ComposableResource>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    let Some(fresh) = api.get_opt(&obj.name_any()).await? else {
+    let Some(fresh) = reconcile::current(&ctx, obj).await? else {
         return Ok(Action::await_change());
     };
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
@@ -72,9 +72,19 @@ async fn step(res: ComposableResource, ctx: &Context) -> Outcome {
     }
 }
 
+/// Whether the target node exists; asked by every reconciliation of a resource and of a
+/// request that names a node. A Node the watch cache shows counts as there: a stale
+/// "there" only postpones the garbage collection, and the Node's deletion wakes the
+/// resources on it again. A Node the cache does not show is asked for, because a stale
+/// "gone" (a Node created a moment ago) would delete the request and its devices. Asking
+/// the API server every time made this the most frequent read of a convergence (14 GETs
+/// per device, docs/BENCHMARKS.md).
 pub(crate) async fn node_exists(ctx: &Context, node: &str) -> Result<bool, ReconcileError> {
     if node.is_empty() {
         return Ok(false);
+    }
+    if ctx.caches.shows_node(node) {
+        return Ok(true);
     }
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     Ok(nodes.get_opt(node).await?.is_some())
@@ -220,37 +230,9 @@ fn waits_on_driver(res: &ComposableResource) -> bool {
         )
 }
 
-/// A watch that only wakes resources (Pods, Nodes): its errors are logged and retried
-/// with its own backoff, never handed to the controller. The controller backs off its
-/// whole merged trigger stream on any error, so a watch that keeps failing (a missing
-/// `watch` verb, say) would otherwise starve the ComposableResource watch itself: no
-/// reconcile would ever run, and the controller could not even shut down, since it waits
-/// for that store to be ready.
-fn secondary_trigger<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K: Send + 'static,
-{
-    use kube::runtime::WatchStreamExt;
-    watcher(api, config)
-        .default_backoff()
-        .touched_objects()
-        .filter_map(|event| async move {
-            match event {
-                Ok(object) => Some(Ok(object)),
-                Err(e) => {
-                    tracing::warn!(controller = CONTROLLER, kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
-                    None
-                }
-            }
-        })
-}
-
-/// Builds the controller: resources, plus Nodes so that a node's removal reaches the
-/// devices on it at once, plus the GPU operator's driver pods so that a driver pod
+/// Builds the controller: resources, plus Nodes so that a node's removal (or a change of
+/// what a resource reads of it, `triggers::resource_view`) reaches the devices on it at
+/// once, plus the GPU operator's driver pods so that a driver pod
 /// becoming Ready wakes the attaches waiting on its node at once (their poll interval
 /// stays as the fallback).
 pub fn controller(
@@ -264,7 +246,10 @@ pub fn controller(
     let on_node = store.clone();
     controller
         .watches_stream(
-            secondary_trigger(Api::<Pod>::all(client.clone()), crate::cache::driver_pods()),
+            triggers::secondary(
+                CONTROLLER,
+                triggers::touched(Api::<Pod>::all(client.clone()), crate::cache::driver_pods()),
+            ),
             move |pod: Pod| {
                 // Only a Ready pod (or one going away) lets a waiting attach or detach on
                 // with its next step; the pod's other changes would wake them for nothing.
@@ -282,7 +267,10 @@ pub fn controller(
             },
         )
         .watches_stream(
-            secondary_trigger(Api::<Node>::all(client), watcher::Config::default()),
+            triggers::secondary(
+                CONTROLLER,
+                triggers::node_changes(Api::<Node>::all(client), triggers::resource_view),
+            ),
             move |node: Node| {
                 let name = node.name_any();
                 store
@@ -292,6 +280,10 @@ pub fn controller(
                     .map(|r| ObjectRef::from_obj(r.as_ref()))
                     .collect::<Vec<_>>()
             },
+        )
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(ctx.config.max_concurrent_reconciles),
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, reconcile::error_policy, ctx)
