@@ -70,8 +70,8 @@ python_free_json() { sed 's/\\/\\\\/g; s/"/\\"/g'; }
 
 # The operator's and simulators' logs stay off: stdout carries the JSON lines.
 export RUST_LOG=off
-# Each convergence phase (all Running; all gone) gets at most this long: N = 1000 on 2
-# shared cores needs more than the whole 20-minute budget, and the report then says how
+# Each convergence phase (all Running; all gone) gets at most this long, so that a
+# regression cannot make the run outlast its 20-minute budget; the report then says how
 # many objects were left at the deadline.
 export CRO_BENCH_PHASE_DEADLINE_S="${CRO_BENCH_PHASE_DEADLINE_S:-300}"
 step "operator memory"

@@ -239,10 +239,12 @@ async fn reconciles_read_watch_caches_instead_of_listing_every_object() {
     let get =
         |m: &std::collections::BTreeMap<String, usize>, k: &str| m.get(k).copied().unwrap_or(0);
     // Each watch lists its kind once when it starts (the controllers' and the caches':
-    // at most three per kind) and again only after 410 Gone, which needs etcd to have
-    // compacted past the watch's version: not within this test.
+    // at most three per kind) and again when its stream breaks. A break needs the API
+    // server to drop the watch, which it does on a loaded machine (seen once, for one
+    // kind, with the whole suite running beside it): one relisting is allowed; a LIST per
+    // reconcile would be dozens.
     for kind in ["composabilityrequests", "composableresources", "nodes"] {
-        assert!(get(&c.watch, kind) <= 3, "{c:?}");
+        assert!(get(&c.watch, kind) <= 4, "{c:?}");
     }
     // Reconciles read nodes and requests from the caches, which the controllers wait
     // for: never a LIST of every one. (Before the controllers waited, a reconcile that
