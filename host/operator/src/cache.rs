@@ -167,6 +167,8 @@ pub struct Caches {
     resources_seen: Arc<AtomicU64>,
     /// The newest resource version of device ids this process wrote.
     ids_written: AtomicU64,
+    /// The newest ComposableResource version a controller's trigger has seen.
+    triggered: AtomicU64,
     index: Arc<Mutex<ResourceIndex>>,
     writers: Mutex<Option<Writers>>,
 }
@@ -184,6 +186,7 @@ impl Default for Caches {
             driver_pods,
             resources_seen: Arc::default(),
             ids_written: AtomicU64::new(0),
+            triggered: AtomicU64::new(0),
             index: Arc::default(),
             writers: Mutex::new(Some(Writers {
                 resources: rw,
@@ -396,6 +399,31 @@ impl Caches {
             return false;
         };
         let target = version.max(self.ids_written.load(Ordering::SeqCst));
+        self.seen(target).await
+    }
+
+    /// Records the version of a ComposableResource change another watch (a controller's
+    /// trigger) has seen, so that [`Caches::caught_up_with_triggers`] waits for it.
+    pub fn note_triggered(&self, obj: &ComposableResource) {
+        if let Some(v) = version_of(obj) {
+            self.triggered.fetch_max(v, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits until the resource cache shows every ComposableResource change a trigger
+    /// has seen ([`Caches::note_triggered`]). A request woken by its resource's last
+    /// change (its deletion, say) that read this cache before the cache's own watch had
+    /// that change would see the resource as it was, and nothing would wake it again.
+    /// False as [`Caches::caught_up`] is.
+    pub async fn caught_up_with_triggers(&self) -> bool {
+        if !Self::ready(&self.resources) {
+            return false;
+        }
+        self.seen(self.triggered.load(Ordering::SeqCst)).await
+    }
+
+    /// Waits (at most [`CATCH_UP`]) until the resource cache has seen version `target`.
+    async fn seen(&self, target: u64) -> bool {
         let deadline = Instant::now() + CATCH_UP;
         loop {
             if self.resources_seen.load(Ordering::SeqCst) >= target {

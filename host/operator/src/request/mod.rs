@@ -97,17 +97,20 @@ pub async fn reconcile(
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
 }
 
-/// The request's ComposableResources: from the watch cache, unless the cache lacks one
-/// that the request's status names (just created, the cache not yet caught up; or gone,
-/// which cleanup must not conclude from a stale cache): then found by label from the API
-/// server. A resource the cache still holds after its deletion is harmless: deleting it
-/// again is a no-op and the next event corrects the mirror.
+/// The request's ComposableResources: from the watch cache once it shows every resource
+/// change that woke a request (`Caches::caught_up_with_triggers`: a request woken by its
+/// resource's last change must not read the resource as it was before), unless the cache
+/// lacks one that the request's status names (just created, the cache not yet caught up;
+/// or gone, which cleanup must not conclude from a stale cache): then found by label from
+/// the API server.
 pub(crate) async fn resources_of(
     ctx: &Context,
     req: &ComposabilityRequest,
 ) -> Result<Vec<ComposableResource>, ReconcileError> {
     let request = req.name_any();
-    if let Some(cached) = ctx.caches.resources_of_request(&request) {
+    if ctx.caches.caught_up_with_triggers().await
+        && let Some(cached) = ctx.caches.resources_of_request(&request)
+    {
         let mine: Vec<ComposableResource> = cached.iter().map(|r| r.as_ref().clone()).collect();
         let recorded = req.status.iter().flat_map(|s| s.resources.keys());
         if recorded
@@ -234,11 +237,16 @@ pub fn controller(
     let requests: Api<ComposabilityRequest> = Api::all(client.clone());
     let controller = Controller::new(requests, watcher::Config::default());
     let store = controller.store();
+    let woken = ctx.clone();
     controller
         .watches(
             Api::<ComposableResource>::all(client.clone()),
             watcher::Config::default(),
-            |r: ComposableResource| r.managed_by().map(ObjectRef::<ComposabilityRequest>::new),
+            move |r: ComposableResource| {
+                // The reconcile this wakes reads the resource cache: it waits for this.
+                woken.caches.note_triggered(&r);
+                r.managed_by().map(ObjectRef::<ComposabilityRequest>::new)
+            },
         )
         .watches_stream(
             triggers::secondary(
