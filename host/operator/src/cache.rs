@@ -26,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use crate::nodeops::driver::DRIVER_POD_LABEL;
+use crate::triggers::Relisting;
 
 /// How long a reader waits for the resource cache to catch up with the API server before
 /// it asks the API server instead (see [`Caches::caught_up`]).
@@ -43,8 +44,8 @@ struct ResourceIndex {
     by_request: HashMap<String, HashSet<String>>,
     by_node: HashMap<String, HashSet<String>>,
     by_device: HashMap<String, HashSet<String>>,
-    /// The names of the listing under way (a relisting replaces what the index holds).
-    listing: Option<HashSet<String>>,
+    /// The listing under way (a relisting replaces what the index holds).
+    listing: Relisting,
 }
 
 /// What one resource is indexed under.
@@ -120,22 +121,13 @@ impl ResourceIndex {
         match event {
             watcher::Event::Apply(r) => self.apply(r),
             watcher::Event::Delete(r) => self.remove(&r.name_any()),
-            watcher::Event::Init => self.listing = Some(HashSet::new()),
+            watcher::Event::Init => self.listing.start(),
             watcher::Event::InitApply(r) => {
-                if let Some(listing) = &mut self.listing {
-                    listing.insert(r.name_any());
-                }
+                self.listing.saw(r.name_any());
                 self.apply(r);
             }
             watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                let gone: Vec<String> = self
-                    .keys
-                    .keys()
-                    .filter(|n| !listed.contains(*n))
-                    .cloned()
-                    .collect();
-                for name in gone {
+                for name in self.listing.done(self.keys.keys()) {
                     self.remove(&name);
                 }
             }

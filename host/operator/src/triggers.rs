@@ -83,11 +83,37 @@ pub fn request_view(node: &Node) -> u64 {
     h.finish()
 }
 
-/// The fingerprints of the Nodes seen, and the names seen in the listing under way.
+/// The names a watch's listing (its first, or one after the stream broke) has shown so
+/// far. A listing replaces what was known: whatever it lacks went while the watch was
+/// not looking, without a deletion event.
+#[derive(Default)]
+pub(crate) struct Relisting(Option<HashSet<String>>);
+
+impl Relisting {
+    /// A listing starts (`Event::Init`).
+    pub(crate) fn start(&mut self) {
+        self.0 = Some(HashSet::new());
+    }
+
+    /// The listing shows `name` (`Event::InitApply`).
+    pub(crate) fn saw(&mut self, name: String) {
+        if let Some(names) = &mut self.0 {
+            names.insert(name);
+        }
+    }
+
+    /// The listing is complete (`Event::InitDone`): the `known` names it did not show.
+    pub(crate) fn done<'a>(&mut self, known: impl Iterator<Item = &'a String>) -> Vec<String> {
+        let listed = self.0.take().unwrap_or_default();
+        known.filter(|n| !listed.contains(*n)).cloned().collect()
+    }
+}
+
+/// The fingerprints of the Nodes seen, and the listing under way.
 #[derive(Default)]
 struct Seen {
     views: HashMap<String, u64>,
-    listing: Option<HashSet<String>>,
+    listing: Relisting,
 }
 
 impl Seen {
@@ -95,23 +121,15 @@ impl Seen {
     fn on(&mut self, event: Event<Node>, view: fn(&Node) -> u64) -> Vec<Node> {
         match event {
             Event::Init => {
-                self.listing = Some(HashSet::new());
+                self.listing.start();
                 Vec::new()
             }
             Event::InitApply(node) => {
-                if let Some(listing) = &mut self.listing {
-                    listing.insert(node.name_any());
-                }
+                self.listing.saw(node.name_any());
                 self.apply(node, view)
             }
             Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                let gone: Vec<String> = self
-                    .views
-                    .keys()
-                    .filter(|n| !listed.contains(*n))
-                    .cloned()
-                    .collect();
+                let gone = self.listing.done(self.views.keys());
                 gone.into_iter()
                     .map(|name| {
                         self.views.remove(&name);
