@@ -462,7 +462,7 @@ impl Caches {
     /// Node it shows may have been deleted a moment ago; one it does not show may have
     /// been created a moment ago: see `resource::node_exists` for how each is used.
     pub fn shows_node(&self, name: &str) -> bool {
-        Self::ready(&self.nodes) && self.nodes.get(&reflector::ObjectRef::new(name)).is_some()
+        self.node(name).is_some()
     }
 
     /// The cached Node `name`, if the cache has listed and shows it.
@@ -518,20 +518,25 @@ impl Caches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cro_api::{ComposableResourceStatus, ResourceType, ScalarResourceDetails};
+    use cro_api::{ComposableResourceSpec, ComposableResourceStatus, ResourceType};
 
     fn res(name: &str, request: &str, node: &str, device: &str) -> ComposableResource {
-        let details = ScalarResourceDetails {
-            resource_type: ResourceType::Gpu,
-            model: "m".into(),
-            size: 1,
-            force_detach: false,
-            allocation_policy: Default::default(),
-            target_node: None,
-            other_spec: None,
-        };
-        let mut r = ComposableResource::for_request(request, &details, node);
-        r.metadata.name = Some(name.into());
+        let mut r = ComposableResource::new(
+            name,
+            ComposableResourceSpec {
+                resource_type: ResourceType::Gpu,
+                model: "m".into(),
+                target_node: node.into(),
+                force_detach: false,
+            },
+        );
+        if !request.is_empty() {
+            r.metadata.labels = Some(
+                [(cro_api::LABEL_MANAGED_BY.to_owned(), request.to_owned())]
+                    .into_iter()
+                    .collect(),
+            );
+        }
         r.status = Some(ComposableResourceStatus {
             device_id: device.into(),
             ..Default::default()

@@ -184,14 +184,14 @@ pub async fn add(
     let attempt = recorded(res);
     // What the node's resources hold, for the provider to tell its device from another's.
     let held = ctx.caches.node_resources(&ctx.client, res).await?;
-    let held = || held.iter().map(AsRef::as_ref);
+    let claims = claims(held.iter().map(AsRef::as_ref));
     if must_look_first(attempt.as_ref(), &PROCESS) {
         let devices = ctx
             .provider
-            .list_claimed(&claims(held()))
+            .list_claimed(&claims)
             .await
             .map_err(|e| ReconcileError::provider(Operation::List, e))?;
-        let claimed = claimed_ids(held());
+        let claimed = claimed_ids(held.iter().map(AsRef::as_ref));
         if let Some(device) = pick(&devices, &claimed, &to_domain(res)) {
             tracing::warn!(resource = %name, node = %res.spec.target_node,
                 device = %device.device_id,
@@ -207,10 +207,7 @@ pub async fn add(
         write(&api, res, Some(&Attempt::here(Known::Unknown))).await?;
     }
 
-    let result = ctx
-        .provider
-        .add(guard, &add_request(res, claims(held())))
-        .await;
+    let result = ctx.provider.add(guard, &add_request(res, claims)).await;
     match &result {
         Ok(AddOutcome::InProgress(_)) => write(&api, res, Some(&tracked)).await?,
         Ok(AddOutcome::Attached(device)) => {
