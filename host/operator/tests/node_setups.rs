@@ -155,6 +155,65 @@ async fn driver_pod_ready_wakes_the_waiting_attach_without_the_poll() {
     env.stop_operator().await.unwrap();
 }
 
+/// A pod the API server shows Ready already runs commands: the operator execs into a
+/// driver pod the moment its watch shows it Ready (that is what wakes a waiting attach),
+/// which can be before the kubelet's status write has even returned. The simulation
+/// once marked its container runnable only after that write, and an attach woken in
+/// between failed with "container not ready" (seen once in CI). Four nodes get their
+/// first GPU together, so their driver pods turn Ready in one round of the simulation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_pod_shown_ready_runs_commands_at_once() {
+    use cro_operator::nodeops::{CommandRunner, PodRef};
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let env = Env::start().await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), common::GPU_NS);
+    let config = watcher::Config::default().labels("app.kubernetes.io/component=nvidia-driver");
+    let mut stream = std::pin::pin!(watcher(pods, config).applied_objects());
+    let mut machines = Vec::new();
+    for i in 0..4 {
+        machines.push(env.add_node(&format!("worker-{i}"), "16").await);
+    }
+    for machine in &machines {
+        env.sim.attach_directly(machine, "gpu", MODEL).unwrap();
+    }
+
+    let mut checked = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    while checked.len() < machines.len() {
+        let pod = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .expect("every node's driver pod Ready in time")
+            .expect("the pod watch ended")
+            .expect("the pod watch failed");
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+        if !ready || checked.contains(&node) {
+            continue;
+        }
+        // No await between seeing Ready and the command but the command itself.
+        let target = PodRef {
+            namespace: common::GPU_NS.into(),
+            name: pod.name_any(),
+            node: node.clone(),
+            container: None,
+        };
+        let out = env
+            .nodes
+            .run(&target, &["nvidia-smi".to_string()])
+            .await
+            .unwrap_or_else(|e| panic!("{} shown Ready but refused a command: {e}", target.name));
+        assert_eq!(out.exit_code, 0, "{out:?}");
+        checked.insert(node);
+    }
+    env.assert_known_commands();
+}
+
 /// The driver on the host (ClusterPolicy with the driver disabled): commands run in the
 /// node agent under `chroot /host-root`; the driver counts as installed when `modinfo`
 /// finds it, also on a node without a GPU; after the last GPU only nvidia_drm and

@@ -409,18 +409,23 @@ pub(crate) async fn round(
             updated += 1;
             let became_ready = !pod.ready && pod.started.elapsed() >= pod.ready_after;
             if became_ready {
+                // The container is up (exec works, the driver's persistence daemon runs)
+                // before the kubelet reports Ready, as on a real node: the operator
+                // execs into the pod as soon as its watch shows Ready, which can be
+                // before this write returns here.
+                {
+                    let mut w = nodes.lock();
+                    if let Some(p) = w.pods.get_mut(&(pod.namespace.clone(), pod.name.clone())) {
+                        p.ready = true;
+                    }
+                    if spec.kind == Some(PodKind::Driver)
+                        && let Some(n) = w.nodes.get_mut(node)
+                    {
+                        n.start_persistenced();
+                    }
+                }
                 set_pod_status(&pod_api, &pod.name, true).await?;
                 pod.ready = true;
-                let mut w = nodes.lock();
-                if let Some(p) = w.pods.get_mut(&(pod.namespace.clone(), pod.name.clone())) {
-                    p.ready = true;
-                }
-                if spec.kind == Some(PodKind::Driver)
-                    && let Some(n) = w.nodes.get_mut(node)
-                {
-                    // The driver container starts the persistence daemon.
-                    n.start_persistenced();
-                }
             }
             if became_ready && spec.name == DEVICE_PLUGIN_DS {
                 report_gpus(&node_objects, &mut pods.gpus_reported, nodes, node).await?;
