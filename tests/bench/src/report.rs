@@ -114,7 +114,7 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     if !loads.is_empty() {
         writeln!(
             o,
-            "The machine was shared: load average (1, 5, 15 min) and compiler processes (rustc, cc, ld, cargo of other work) when each step began:\n"
+            "Load average (1, 5, 15 min) and compiler processes (rustc, cc, ld, cargo of other work) when each step began (these machines can be shared):\n"
         )?;
         writeln!(
             o,
