@@ -187,11 +187,8 @@ async fn a_driver_pod_shown_ready_runs_commands_at_once() {
             .expect("every node's driver pod Ready in time")
             .expect("the pod watch ended")
             .expect("the pod watch failed");
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        // Ready as the operator's driver lookup reads it.
+        let ready = cro_operator::nodeops::driver::running_and_ready(&pod);
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
         if !ready || checked.contains(&node) {
             continue;
