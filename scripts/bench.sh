@@ -29,32 +29,39 @@ START=$(date +%s)
 # 50 ms per fabric call.
 SIZES="${CRO_BENCH_SIZES:-10:50:50 100:50:50 1000:50:50}"
 
-step "control-plane binaries and provider components"
+step "control-plane binaries"
 BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
 export CRO_KUBE_APISERVER="$BIN_DIR/kube-apiserver" CRO_ETCD="$BIN_DIR/etcd"
-build_components -p fti-provider -p cro-testkit
 
-# The cluster runs use a release build; CRO_BENCH_PROFILE=dev uses the debug build (quicker
-# to build, slower and bigger: the report says which).
-PROFILE="${CRO_BENCH_PROFILE:-release}"
-step "build ($PROFILE)"
+# The cluster runs use the `bench` profile (release code without line tables, the crates
+# that compile components at opt-level 1: Cargo.toml says why); CRO_BENCH_PROFILE=dev
+# uses the debug build (quicker to build, slower and bigger: the report says which).
+PROFILE="${CRO_BENCH_PROFILE:-bench}"
+step "build ($PROFILE; provider components beside it)"
 BUILD_START=$(date +%s)
-# The criterion benchmark is built in the same cargo invocation as a release cro-bench:
-# built apart (`cargo bench`), its dev-dependencies resolved other features of the
-# crates both share, and wasmtime, cranelift and kube were built a second time (5 min
-# of a 15-minute cold build here). Its executable is then run directly.
-criterion_exe() { sed -n 's/.*"executable":"\([^"]*\/provider_call-[^"]*\)".*/\1/p' | tail -n 1; }
-if [[ "$PROFILE" == release ]]; then
-  CRITERION="$(cargo build --release --locked -p cro-bench -p cro-runtime --bins --bench provider_call \
-    --message-format=json-render-diagnostics | criterion_exe)"
-  BENCH="$ROOT/target/release/cro-bench"
+# The provider components (their own target directory, so no lock is shared) build
+# beside the host: the host's build leaves a core idle while one crate's front end runs.
+build_components -p fti-provider -p cro-testkit > "$OUT/components.log" 2>&1 &
+COMPONENTS_PID=$!
+# The criterion benchmark is built in the same cargo invocation as cro-bench: built apart
+# (`cargo bench`), its dev-dependencies resolved other features of the crates both
+# share, and wasmtime, cranelift and kube were built a second time (5 min of a 15-minute
+# cold build here). Both executables are then run directly, found in cargo's output.
+executable() { sed -n "s/.*\"executable\":\"\([^\"]*\/$1[^\"/]*\)\".*/\1/p" | tail -n 1; }
+if [[ "$PROFILE" == bench ]]; then
+  cargo build --profile bench --locked -p cro-bench -p cro-runtime --bins --bench provider_call \
+    --message-format=json-render-diagnostics > "$OUT/build.json"
+  BENCH="$(executable cro-bench < "$OUT/build.json")"
 else
-  cargo build --locked -p cro-bench
-  BENCH="$ROOT/target/debug/cro-bench"
-  step "build the criterion benchmark (release)"
-  CRITERION="$(cargo build --release --locked -p cro-runtime --bench provider_call \
-    --message-format=json-render-diagnostics | criterion_exe)"
+  cargo build --locked -p cro-bench --message-format=json-render-diagnostics > "$OUT/build.json"
+  BENCH="$(executable cro-bench < "$OUT/build.json")"
+  step "build the criterion benchmark (bench profile)"
+  cargo build --profile bench --locked -p cro-runtime --bench provider_call \
+    --message-format=json-render-diagnostics > "$OUT/build.json"
 fi
+CRITERION="$(executable provider_call- < "$OUT/build.json")"
+wait "$COMPONENTS_PID" || { cat "$OUT/components.log" >&2; echo "the provider components did not build" >&2; exit 1; }
+[[ -x "$BENCH" ]] || { echo "no cro-bench executable in cargo's output" >&2; exit 1; }
 [[ -x "$CRITERION" ]] || { echo "no criterion benchmark executable in cargo's output" >&2; exit 1; }
 BUILD_SECONDS=$(( $(date +%s) - BUILD_START ))
 
@@ -73,7 +80,7 @@ python_free_json() { sed 's/\\/\\\\/g; s/"/\\"/g'; }
   printf ',"kube":"%s"' "$(lockver kube)"
   printf ',"apiserver":"%s"' "$(basename "$(dirname "$BIN_DIR")")"
   printf ',"commit":"%s"' "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  printf ',"mode":"cluster runs: %s build, sizes %s; criterion: release build, %s"}\n' "$PROFILE" "$SIZES" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-criterion defaults (100 samples, 5 s each after 3 s of warm-up)}"
+  printf ',"mode":"cluster runs: %s build, sizes %s; criterion: bench profile, %s"}\n' "$PROFILE" "$SIZES" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-100 samples, 3 s each after 1 s of warm-up}"
 } >> "$RESULTS"
 
 # The operator's and simulators' logs stay off: stdout carries the JSON lines.
@@ -97,13 +104,17 @@ for size in $SIZES; do
   fi
 done
 
-step "provider call path (criterion, release build)"
+step "provider call path (criterion, bench profile)"
 rm -rf "$ROOT/target/criterion"
-# Criterion's defaults unless CRO_BENCH_QUICK=1: the quick setting (10 samples of 1 s)
-# moved the WASM / native ratios by a third from one run to the next here.
-# Run as `cargo bench` would: from the package's directory, with `--bench`, its output
-# under the workspace's target/criterion (where the report reads it).
-(cd "$ROOT/host/runtime" && CRITERION_HOME="$ROOT/target/criterion" "$CRITERION" --bench >&2) \
+# 100 samples of 3 s each after 1 s of warm-up (criterion's defaults are 5 s after 3 s:
+# a minute more for the same medians within their spread here), or with
+# CRO_BENCH_QUICK=1 10 samples of 1 s, which moved the WASM / native ratios by a third
+# from one run to the next. Run as `cargo bench` would: from the package's directory,
+# with `--bench`, its output under the workspace's target/criterion (where the report
+# reads it).
+CRITERION_ARGS=(--warm-up-time 1 --measurement-time 3)
+[[ -n "${CRO_BENCH_QUICK:-}" ]] && CRITERION_ARGS=()
+(cd "$ROOT/host/runtime" && CRITERION_HOME="$ROOT/target/criterion" "$CRITERION" --bench "${CRITERION_ARGS[@]}" >&2) \
   || echo "criterion run failed" >&2
 
 step "report"

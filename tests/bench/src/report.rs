@@ -138,7 +138,7 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     let fresh = m("instance/fresh_instance_empty_call").or(m("instance_fresh_instance_empty_call"));
     writeln!(
         o,
-        "### Provider call cost (criterion medians, release build)\n"
+        "### Provider call cost (criterion medians, optimised build: the `bench` profile)\n"
     )?;
     writeln!(
         o,
