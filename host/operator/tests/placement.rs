@@ -267,3 +267,65 @@ async fn reconciles_read_watch_caches_instead_of_listing_every_object() {
     );
     env.stop_operator().await.unwrap();
 }
+
+/// Each write to a resource is a watch event that every watch of resources decodes and
+/// that reconciles the resource again, so an attach writes its resource's annotations
+/// twice: the machine record together with the attempt record before the fabric is
+/// asked, and the fabric's machine together with the attempt record's removal once the
+/// ids are stored (the old code wrote each of the four apart: docs/BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_writes_its_resource_annotations_twice() {
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    let patches = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        usize,
+    >::new()));
+    let counted = patches.clone();
+    let layer =
+        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
+            // A metadata write of one resource (not its status subresource).
+            let path = req.uri().path();
+            if req.method() == hyper::Method::PATCH
+                && let Some((collection, name)) = path.rsplit_once('/')
+                && collection.ends_with("/composableresources")
+            {
+                *counted.lock().unwrap().entry(name.to_owned()).or_default() += 1;
+            }
+            req
+        });
+    let plain = env.client.clone();
+    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    env.start_operator().await;
+    env.client = plain;
+
+    env.create_request("r", gpu(2)).await;
+    env.wait_running("r", 2).await;
+    let resources = env.resources().list(&ListParams::default()).await.unwrap();
+    assert_eq!(resources.items.len(), 2);
+    let patches = patches.lock().unwrap().clone();
+    for res in &resources.items {
+        let name = res.metadata.name.clone().unwrap();
+        // Both records were written: the machine record names the fabric's machine, the
+        // attempt record is gone.
+        let record = cro_operator::node_machine::NodeMachine::of_resource(res)
+            .unwrap_or_else(|| panic!("{name} has no machine record"));
+        assert!(record.fabric_machine.is_some(), "{name}: {record:?}");
+        assert!(
+            !res.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(cro_operator::resource::ANNOTATION_ATTACH_ATTEMPT)),
+            "{name} still has its attempt record"
+        );
+        assert_eq!(
+            patches.get(&name),
+            Some(&2),
+            "metadata writes per resource: {patches:?}"
+        );
+    }
+}

@@ -144,23 +144,49 @@ fn claimed_ids<'a>(
         .collect()
 }
 
-/// Sets (or with `None` removes) the record, unless it already says exactly that.
+/// What a write does to the record.
+#[derive(Clone, Copy)]
+enum Record<'a> {
+    Keep,
+    Set(&'a Attempt),
+    Remove,
+}
+
+/// Another annotation (key, value) written in the same patch as the record: one write
+/// and one watch event where there were two.
+pub type Note<'a> = Option<(&'a str, &'a str)>;
+
+/// Changes the record and sets the note, each unless it already says exactly that; no
+/// write at all when neither changes.
 async fn write(
     api: &Api<ComposableResource>,
     res: &mut ComposableResource,
-    attempt: Option<&Attempt>,
+    record: Record<'_>,
+    note: Note<'_>,
 ) -> Result<(), ReconcileError> {
-    let text = match attempt {
-        Some(a) => {
-            Some(serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?)
-        }
-        None => None,
+    let mut annotations = serde_json::Map::new();
+    let text = match record {
+        Record::Keep => None,
+        Record::Set(a) => Some(Some(
+            serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?,
+        )),
+        Record::Remove => Some(None),
     };
-    if res.annotations().get(ANNOTATION_ATTACH_ATTEMPT) == text.as_ref() {
+    if let Some(text) = text
+        && res.annotations().get(ANNOTATION_ATTACH_ATTEMPT) != text.as_ref()
+    {
+        let value = text.map_or(serde_json::Value::Null, serde_json::Value::String);
+        annotations.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), value);
+    }
+    if let Some((key, value)) = note
+        && res.annotations().get(key).map(String::as_str) != Some(value)
+    {
+        annotations.insert(key.to_owned(), value.into());
+    }
+    if annotations.is_empty() {
         return Ok(());
     }
-    let value = text.map_or(serde_json::Value::Null, serde_json::Value::String);
-    let patch = json!({"metadata": {"annotations": {ANNOTATION_ATTACH_ATTEMPT: value}}});
+    let patch = json!({"metadata": {"annotations": annotations}});
     let params = kube::api::PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
@@ -173,11 +199,14 @@ async fn write(
 
 /// The attach of `res` (which holds no device yet), under the node's guard: adopts what
 /// an earlier attempt may have left, else records the attempt and asks the provider.
-/// `res` is updated to the object as last written.
+/// `note` (the node's machine, which must be stored before the fabric attaches anything)
+/// is written with the record, or alone where no record is written. `res` is updated to
+/// the object as last written.
 pub async fn add(
     ctx: &Context,
     guard: &NodeGuard,
     res: &mut ComposableResource,
+    note: Note<'_>,
 ) -> Result<ProviderResult<AddOutcome>, ReconcileError> {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
@@ -197,19 +226,24 @@ pub async fn add(
                 device = %device.device_id,
                 "adopting the device an attach with a lost reply left on the node");
             ctx.metrics.attach_adopted();
+            write(&api, res, Record::Keep, note).await?;
             return Ok(Ok(AddOutcome::Attached(device)));
         }
     }
     // Recorded before the call: if this process dies during it, the next one looks
     // first. A request this process's provider tracks ("in progress") needs no new one.
     let tracked = Attempt::here(Known::InProgress);
-    if attempt.as_ref() != Some(&tracked) {
-        write(&api, res, Some(&Attempt::here(Known::Unknown))).await?;
-    }
+    let unknown = Attempt::here(Known::Unknown);
+    let record = if attempt.as_ref() == Some(&tracked) {
+        Record::Keep
+    } else {
+        Record::Set(&unknown)
+    };
+    write(&api, res, record, note).await?;
 
     let result = ctx.provider.add(guard, &add_request(res, claims)).await;
     match &result {
-        Ok(AddOutcome::InProgress(_)) => write(&api, res, Some(&tracked)).await?,
+        Ok(AddOutcome::InProgress(_)) => write(&api, res, Record::Set(&tracked), None).await?,
         Ok(AddOutcome::Attached(device)) => {
             // A device some other resource holds (a provider tracking its own requests
             // can hand out one adopted meanwhile) is not taken twice: the record stays
@@ -228,19 +262,26 @@ pub async fn add(
             }
         }
         // Whatever the failure, the next attempt looks first (see the module comment).
-        Err(_) => write(&api, res, Some(&Attempt::here(Known::Unknown))).await?,
+        Err(_) => {
+            write(&api, res, Record::Set(&unknown), None).await?;
+        }
     }
     Ok(result)
 }
 
-/// The device's ids are stored: the record has served its purpose.
-pub async fn settled(api: &Api<ComposableResource>, res: &mut ComposableResource) {
-    if recorded(res).is_none() {
-        return;
-    }
-    if let Err(e) = write(api, res, None).await {
-        // Harmless: a resource holding a device never consults the record.
-        tracing::debug!(resource = %res.name_any(), error = %e, "cannot drop the attach record");
+/// The device's ids are stored: the record has served its purpose. `note` (the fabric's
+/// name for the machine) goes in the same write. Best effort: a resource holding a
+/// device never consults the record, and without the note the provider still finds the
+/// machine through the Node or the record's stand-in.
+pub async fn settled(api: &Api<ComposableResource>, res: &mut ComposableResource, note: Note<'_>) {
+    let record = if recorded(res).is_some() {
+        Record::Remove
+    } else {
+        Record::Keep
+    };
+    if let Err(e) = write(api, res, record, note).await {
+        tracing::warn!(resource = %res.name_any(), error = %e,
+            "cannot drop the attach record or note the fabric machine; detach will find the machine through the node");
     }
 }
 

@@ -3,7 +3,7 @@
 use cro_api::{ComposableResource, ResourceState, ResourceType};
 use cro_runtime::domain::AddOutcome;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
@@ -43,13 +43,15 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
 
     let mut res = res;
     if res.device_id().is_none() {
-        // Stored before the fabric is asked: a device attached to a node whose Node is
-        // deleted later can still be released (crate::node_machine).
-        res = record_machine(ctx, &api, res).await?;
+        // Stored before the fabric is asked, in the same write as the attempt record: a
+        // device attached to a node whose Node is deleted later can still be released
+        // (crate::node_machine).
+        let machine = machine_note(ctx, &res).await?;
+        let machine = machine.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
         // Held until the ids are stored: a detach on this node meanwhile must see them.
         let guard = ctx.provider.lock_node(&node).await;
         // Adopts the device of an earlier attach whose reply was lost, or asks the fabric.
-        match adopt::add(ctx, &guard, &mut res).await? {
+        match adopt::add(ctx, &guard, &mut res, machine).await? {
             Ok(AddOutcome::InProgress(what)) => {
                 tracing::info!(node = %node, what = %what, "attach in progress");
                 return Ok((Step::requeue(poll), Some(res)));
@@ -61,10 +63,13 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
                     .with_error("");
                 res = store_ids(&api, &res, ids).await?;
                 ctx.caches.note_ids_written(&res);
-                if let Some(machine) = device.machine_id.as_deref() {
-                    res = record_fabric_machine(&api, res, machine).await;
-                }
-                adopt::settled(&api, &mut res).await;
+                let fabric = device
+                    .machine_id
+                    .as_deref()
+                    .and_then(|m| fabric_machine_note(&res, m));
+                let fabric = fabric.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
+                // One write drops the attempt record and notes the fabric's machine.
+                adopt::settled(&api, &mut res, fabric).await;
                 tracing::info!(node = %node, device = %device.device_id,
                     fabric_device = %device.fabric_device_id, "attached by the fabric");
                 ctx.event(
@@ -158,16 +163,16 @@ async fn store_ids(
     }
 }
 
-/// Copies what names the node's machine into the resource (once), before its first
-/// attach. A Node that names no machine records nothing: the provider could not attach
-/// there either, and will say why.
-async fn record_machine(
+/// What names the node's machine, for the resource's record, unless the record already
+/// has it: written before the first attach (with the attempt record, adopt::add). A
+/// Node that names no machine records nothing: the provider could not attach there
+/// either, and will say why.
+async fn machine_note(
     ctx: &Context,
-    api: &Api<ComposableResource>,
-    res: ComposableResource,
-) -> Result<ComposableResource, ReconcileError> {
+    res: &ComposableResource,
+) -> Result<Option<String>, ReconcileError> {
     if res.annotations().contains_key(ANNOTATION_NODE_MACHINE) {
-        return Ok(res);
+        return Ok(None);
     }
     // What names a node's machine is set when the node joins, so the cached Node will
     // do; one that names nothing (yet, or not yet in the cache) is read again.
@@ -186,49 +191,17 @@ async fn record_machine(
                 .and_then(NodeMachine::of_node)
         }
     };
-    let Some(machine) = machine else {
-        return Ok(res);
-    };
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        ANNOTATION_NODE_MACHINE: machine.to_annotation()}}});
-    Ok(api
-        .patch(
-            &res.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?)
+    Ok(machine.map(|m| m.to_annotation()))
 }
 
-/// Adds the fabric machine the provider reported to the resource's machine record, so
-/// later calls (a detach after the Node is gone above all) name it directly. Best
-/// effort: without it the provider still finds the machine through the Node or the
-/// record's stand-in, so a failed write is logged and the attach goes on.
-async fn record_fabric_machine(
-    api: &Api<ComposableResource>,
-    res: ComposableResource,
-    machine: &str,
-) -> ComposableResource {
-    let mut record = NodeMachine::of_resource(&res).unwrap_or_default();
+/// The resource's machine record with the fabric machine the provider reported added, so
+/// later calls (a detach after the Node is gone above all) name it directly; `None` when
+/// the record already says so (or the provider named none).
+fn fabric_machine_note(res: &ComposableResource, machine: &str) -> Option<String> {
+    let mut record = NodeMachine::of_resource(res).unwrap_or_default();
     if machine.is_empty() || record.fabric_machine.as_deref() == Some(machine) {
-        return res;
+        return None;
     }
     record.fabric_machine = Some(machine.to_owned());
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        ANNOTATION_NODE_MACHINE: record.to_annotation()}}});
-    match api
-        .patch(
-            &res.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(updated) => updated,
-        Err(e) => {
-            tracing::warn!(resource = %res.name_any(), machine, error = %e,
-                "could not record the fabric machine; detach will find it through the node");
-            res
-        }
-    }
+    Some(record.to_annotation())
 }
