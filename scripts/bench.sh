@@ -41,7 +41,11 @@ step "build ($PROFILE; provider components beside it)"
 BUILD_START=$(date +%s)
 # The provider components (their own target directory, so no lock is shared) build
 # beside the host: the host's build leaves a core idle while one crate's front end runs.
-build_components -p fti-provider -p cro-testkit > "$OUT/components.log" 2>&1 &
+# One package per cargo invocation, exactly as the benchmarks ask for them
+# (cro_test_support::component): built together, their shared dependencies get the
+# union of both packages' features, and each benchmark's own request then rebuilt them
+# while it was measuring.
+(build_components -p fti-provider && build_components -p cro-testkit) > "$OUT/components.log" 2>&1 &
 COMPONENTS_PID=$!
 # The criterion benchmark is built in the same cargo invocation as cro-bench: built apart
 # (`cargo bench`), its dev-dependencies resolved other features of the crates both
