@@ -143,9 +143,10 @@ async fn write_round_trip(client: &kube::Client) -> Result<Duration> {
 }
 
 /// Waits until `left` counts nothing left: the time since `start` (when the phase's
-/// first object was sent), or (at the phase deadline) how many were still left. `left` reads the benchmark's own watch caches, so
-/// waiting costs the API server nothing (a LIST of every request and resource four times
-/// a second was a large part of its load at N = 1,000).
+/// first object was sent), or (at the phase deadline) how many were still left. `left`
+/// reads the benchmark's own watch caches, so waiting costs the API server nothing (a
+/// LIST of every request and resource four times a second was a large part of its load
+/// at N = 1,000).
 async fn wait_until(
     what: &str,
     start: Instant,
