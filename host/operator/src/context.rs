@@ -163,32 +163,38 @@ mod tests {
     use crate::config::ProviderSource;
     use crate::nodeops::{ExecOutput, NodeOpsError, PodRef};
     use crate::provider::ProviderResult;
-    use cro_runtime::domain::{self, AddOutcome, DeviceInfo, RemoveOutcome};
+    use cro_runtime::domain::{self, AddOutcome, AddRequest, Claim, DeviceInfo, RemoveOutcome};
     use futures::future::BoxFuture;
 
     struct Nothing;
 
     impl DeviceProvider for Nothing {
-        fn add_resource<'a>(
-            &'a self,
-            _: &'a domain::ComposableResource,
-        ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        fn add<'a>(&'a self, _: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
             Box::pin(async { Ok(AddOutcome::InProgress("never".into())) })
         }
-        fn remove_resource<'a>(
+        fn remove<'a>(
             &'a self,
             _: &'a domain::ComposableResource,
         ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
             Box::pin(async { Ok(RemoveOutcome::Removed) })
         }
-        fn check_resource<'a>(
+        fn check<'a>(
             &'a self,
             _: &'a domain::ComposableResource,
         ) -> BoxFuture<'a, ProviderResult<()>> {
             Box::pin(async { Ok(()) })
         }
-        fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+        fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
+        }
+        fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+            None
+        }
+        fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+            None
+        }
+        fn warnings(&self) -> Option<u64> {
+            None
         }
     }
 

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use cro_runtime::CallError;
-use cro_runtime::domain::{self, AddOutcome, DeviceInfo, ProviderError, RemoveOutcome};
+use cro_runtime::domain::{
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, ProviderError, RemoveOutcome,
+};
 use cro_runtime::gate::DenialCounts;
 use futures::future::BoxFuture;
 
@@ -69,50 +71,36 @@ impl NamingSecret {
     }
 }
 
+impl NamingSecret {
+    /// `call`'s failure with the Secret named when it is about credentials.
+    async fn naming<T>(&self, call: BoxFuture<'_, ProviderResult<T>>) -> ProviderResult<T> {
+        call.await.map_err(|e| name_the_secret(e, &self.secret))
+    }
+}
+
+/// Every call goes through to the wrapped provider unchanged (the whole request, the
+/// whole claim list); only a failure's text changes.
 impl DeviceProvider for NamingSecret {
-    fn add_resource<'a>(
-        &'a self,
-        r: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
-        Box::pin(async move {
-            self.inner
-                .add_resource(r)
-                .await
-                .map_err(|e| name_the_secret(e, &self.secret))
-        })
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(self.naming(self.inner.add(request)))
     }
 
-    fn remove_resource<'a>(
+    fn remove<'a>(
         &'a self,
         r: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
-        Box::pin(async move {
-            self.inner
-                .remove_resource(r)
-                .await
-                .map_err(|e| name_the_secret(e, &self.secret))
-        })
+        Box::pin(self.naming(self.inner.remove(r)))
     }
 
-    fn check_resource<'a>(
+    fn check<'a>(
         &'a self,
         r: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>> {
-        Box::pin(async move {
-            self.inner
-                .check_resource(r)
-                .await
-                .map_err(|e| name_the_secret(e, &self.secret))
-        })
+        Box::pin(self.naming(self.inner.check(r)))
     }
 
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
-        Box::pin(async move {
-            self.inner
-                .get_resources()
-                .await
-                .map_err(|e| name_the_secret(e, &self.secret))
-        })
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(self.naming(self.inner.list(claims)))
     }
 
     fn denials(&self) -> Option<DenialCounts> {

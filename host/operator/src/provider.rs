@@ -47,54 +47,68 @@ pub type ProviderResult<T> = Result<T, ProviderCallError>;
 
 /// What the controllers call. Dyn-compatible so tests and the runtime adapter share one
 /// `Arc<dyn DeviceProvider>`.
+///
+/// Every method is required: a wrapper (credentials naming, routing, a test's fault
+/// injector) must say what it does with each one, so none can fall back to a lesser
+/// call and drop what the caller passed (an attach's claims and attempt key, a
+/// listing's claims). Providers of contract 0.1.0 see less of a request; that downgrade
+/// happens in the runtime's 0.1.0 bindings, nowhere above them.
 pub trait DeviceProvider: Send + Sync + 'static {
-    fn add_resource<'a>(
-        &'a self,
-        resource: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>>;
+    /// Attaches a device for the request: the resource, its attempt key (the same for
+    /// every retry of one attach), the CXL size, and the devices other resources hold.
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>>;
 
-    fn remove_resource<'a>(
+    /// Detaches the resource's device.
+    fn remove<'a>(
         &'a self,
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>>;
 
-    fn check_resource<'a>(
+    /// Checks the health of the resource's device.
+    fn check<'a>(
         &'a self,
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>>;
 
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>>;
-
-    /// An attach with what the cluster knows (claims, attempt key). Providers of
-    /// contract 0.1.0, and test doubles, see the resource only.
-    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
-        self.add_resource(&request.resource)
-    }
-
     /// The fabric's devices, telling the provider which ComposableResources hold which.
-    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
-        let _ = claims;
-        self.get_resources()
-    }
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>>;
 
-    /// Capability requests the provider's grants refused so far, where it keeps count.
-    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
-        None
-    }
+    /// Capability requests the provider's grants refused so far; `None` where nothing
+    /// keeps count (a test double).
+    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts>;
 
-    /// (provider name, budget label, times hit) for every budget, where it keeps count.
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        None
-    }
+    /// (provider name, budget label, times hit) for every budget; `None` where nothing
+    /// keeps count.
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)>;
 
-    /// Warnings and errors the provider logged so far, where it keeps count.
-    fn warnings(&self) -> Option<u64> {
-        None
-    }
+    /// Warnings and errors the provider logged so far; `None` where nothing keeps count.
+    fn warnings(&self) -> Option<u64>;
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
 impl DeviceProvider for cro_runtime::Provider {
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        Box::pin(cro_runtime::Provider::add(self, request))
+    }
+
+    fn remove<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+        Box::pin(cro_runtime::Provider::remove_resource(self, resource))
+    }
+
+    fn check<'a>(
+        &'a self,
+        resource: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>> {
+        Box::pin(cro_runtime::Provider::check_resource(self, resource))
+    }
+
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        Box::pin(cro_runtime::Provider::list(self, claims))
+    }
+
     fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
         Some(cro_runtime::Provider::denials(self))
     }
@@ -109,39 +123,6 @@ impl DeviceProvider for cro_runtime::Provider {
 
     fn warnings(&self) -> Option<u64> {
         Some(cro_runtime::Provider::warnings(self))
-    }
-
-    fn add_resource<'a>(
-        &'a self,
-        resource: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
-        Box::pin(cro_runtime::Provider::add_resource(self, resource))
-    }
-
-    fn remove_resource<'a>(
-        &'a self,
-        resource: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
-        Box::pin(cro_runtime::Provider::remove_resource(self, resource))
-    }
-
-    fn check_resource<'a>(
-        &'a self,
-        resource: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<()>> {
-        Box::pin(cro_runtime::Provider::check_resource(self, resource))
-    }
-
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
-        Box::pin(cro_runtime::Provider::get_resources(self))
-    }
-
-    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
-        Box::pin(cro_runtime::Provider::add(self, request))
-    }
-
-    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
-        Box::pin(cro_runtime::Provider::list(self, claims))
     }
 }
 
@@ -320,7 +301,7 @@ impl InstrumentedProvider {
     ) -> ProviderResult<RemoveOutcome> {
         Self::check_guard(guard, r)?;
         let started = Instant::now();
-        let result = self.inner.remove_resource(r).await;
+        let result = self.inner.remove(r).await;
         let outcome = match &result {
             Ok(RemoveOutcome::InProgress(_)) => "in_progress",
             _ => "ok",
@@ -332,17 +313,13 @@ impl InstrumentedProvider {
 
     pub async fn check(&self, r: &domain::ComposableResource) -> ProviderResult<()> {
         let started = Instant::now();
-        let result = self.inner.check_resource(r).await;
+        let result = self.inner.check(r).await;
         self.record(Operation::Check, started, &result, "ok");
         result
     }
 
-    pub async fn list(&self) -> ProviderResult<Vec<DeviceInfo>> {
-        self.list_claimed(&[]).await
-    }
-
-    /// Like [`Self::list`], telling the provider what ComposableResources hold.
-    pub async fn list_claimed(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
+    /// The fabric's devices, telling the provider what ComposableResources hold.
+    pub async fn list(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
         let started = Instant::now();
         let result = self.inner.list(claims).await;
         self.record(Operation::List, started, &result, "ok");
@@ -364,10 +341,7 @@ mod tests {
     }
 
     impl DeviceProvider for Overlap {
-        fn add_resource<'a>(
-            &'a self,
-            _: &'a domain::ComposableResource,
-        ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        fn add<'a>(&'a self, _: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
             Box::pin(async move {
                 let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
                 self.max.fetch_max(n, Ordering::SeqCst);
@@ -378,20 +352,29 @@ mod tests {
                 )))
             })
         }
-        fn remove_resource<'a>(
+        fn remove<'a>(
             &'a self,
             _: &'a domain::ComposableResource,
         ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
             Box::pin(async { Ok(RemoveOutcome::Removed) })
         }
-        fn check_resource<'a>(
+        fn check<'a>(
             &'a self,
             _: &'a domain::ComposableResource,
         ) -> BoxFuture<'a, ProviderResult<()>> {
             Box::pin(async { Ok(()) })
         }
-        fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
+        fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
+        }
+        fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+            None
+        }
+        fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+            None
+        }
+        fn warnings(&self) -> Option<u64> {
+            None
         }
     }
 

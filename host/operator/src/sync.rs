@@ -136,7 +136,7 @@ pub async fn sync_once(
     };
     let mut reported = ctx
         .provider
-        .list_claimed(&crate::provider::claims(&before))
+        .list(&crate::provider::claims(&before))
         .await
         .map_err(|e| ReconcileError::provider(Operation::List, e))?;
     reported.retain(|d| releasable(d, ctx.config.release_orphan_cxl_memory));

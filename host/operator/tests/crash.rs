@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
 use cro_operator::provider::{DeviceProvider, ProviderResult};
-use cro_runtime::domain::{AddOutcome, ComposableResource, DeviceInfo, RemoveOutcome};
+use cro_runtime::domain::{
+    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, RemoveOutcome,
+};
+use cro_runtime::gate::DenialCounts;
 use fabric_sim::{Fault, Route};
 use futures::future::BoxFuture;
 use kube::api::DeleteParams;
@@ -64,12 +67,9 @@ struct Tripwire {
 }
 
 impl DeviceProvider for Tripwire {
-    fn add_resource<'a>(
-        &'a self,
-        r: &'a ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
         Box::pin(async move {
-            let out = self.inner.add_resource(r).await;
+            let out = self.inner.add(request).await;
             if self.switch.effect("provider add_resource") {
                 std::future::pending::<()>().await;
             }
@@ -77,12 +77,12 @@ impl DeviceProvider for Tripwire {
         })
     }
 
-    fn remove_resource<'a>(
+    fn remove<'a>(
         &'a self,
         r: &'a ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
         Box::pin(async move {
-            let out = self.inner.remove_resource(r).await;
+            let out = self.inner.remove(r).await;
             if self.switch.effect("provider remove_resource") {
                 std::future::pending::<()>().await;
             }
@@ -90,15 +90,24 @@ impl DeviceProvider for Tripwire {
         })
     }
 
-    fn check_resource<'a>(
-        &'a self,
-        r: &'a ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<()>> {
-        self.inner.check_resource(r)
+    fn check<'a>(&'a self, r: &'a ComposableResource) -> BoxFuture<'a, ProviderResult<()>> {
+        self.inner.check(r)
     }
 
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
-        self.inner.get_resources()
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        self.inner.list(claims)
+    }
+
+    fn denials(&self) -> Option<DenialCounts> {
+        self.inner.denials()
+    }
+
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        self.inner.budgets()
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        self.inner.warnings()
     }
 }
 

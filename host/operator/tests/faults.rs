@@ -17,7 +17,8 @@ use cro_api::{
 use cro_operator::provider::{DeviceProvider, ProviderResult};
 use cro_runtime::CallError;
 use cro_runtime::cluster::KubeCluster;
-use cro_runtime::domain::{self, AddOutcome, DeviceInfo, RemoveOutcome};
+use cro_runtime::domain::{self, AddOutcome, AddRequest, Claim, DeviceInfo, RemoveOutcome};
+use cro_runtime::gate::DenialCounts;
 use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
 use fabric_sim::{Fault, Route};
 use futures::future::BoxFuture;
@@ -290,12 +291,9 @@ struct TrapAfterEffect {
 }
 
 impl DeviceProvider for TrapAfterEffect {
-    fn add_resource<'a>(
-        &'a self,
-        r: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
         Box::pin(async move {
-            let out = self.inner.add_resource(r).await;
+            let out = self.inner.add(request).await;
             if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.trap_on {
                 return Err(CallError::Trap {
                     message: "wasm trap: unreachable executed".into(),
@@ -306,22 +304,34 @@ impl DeviceProvider for TrapAfterEffect {
         })
     }
 
-    fn remove_resource<'a>(
+    fn remove<'a>(
         &'a self,
         r: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
-        self.inner.remove_resource(r)
+        self.inner.remove(r)
     }
 
-    fn check_resource<'a>(
+    fn check<'a>(
         &'a self,
         r: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>> {
-        self.inner.check_resource(r)
+        self.inner.check(r)
     }
 
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
-        self.inner.get_resources()
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        self.inner.list(claims)
+    }
+
+    fn denials(&self) -> Option<DenialCounts> {
+        self.inner.denials()
+    }
+
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        self.inner.budgets()
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        self.inner.warnings()
     }
 }
 
@@ -465,5 +475,149 @@ async fn a_slow_fabric_is_waited_for_in_the_go_environment() {
     assert_eq!(env.sim.requests_to(Route::FmAttach).len(), 1);
     assert_eq!(env.gpus_on(&machine).len(), 1);
     assert_eq!(env.sim.free_devices("gpu", MODEL), 1);
+    env.stop_operator().await.unwrap();
+}
+
+/// What reached the provider, call by call.
+#[derive(Default)]
+struct Seen {
+    adds: Vec<AddRequest>,
+    lists: Vec<Vec<Claim>>,
+}
+
+/// The real provider, recording what each attach and listing handed it.
+struct Recording {
+    inner: Arc<dyn DeviceProvider>,
+    seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+impl Recording {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl DeviceProvider for Recording {
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+        self.seen().adds.push(request.clone());
+        self.inner.add(request)
+    }
+
+    fn remove<'a>(
+        &'a self,
+        r: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+        self.inner.remove(r)
+    }
+
+    fn check<'a>(
+        &'a self,
+        r: &'a domain::ComposableResource,
+    ) -> BoxFuture<'a, ProviderResult<()>> {
+        self.inner.check(r)
+    }
+
+    fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+        self.seen().lists.push(claims.to_vec());
+        self.inner.list(claims)
+    }
+
+    fn denials(&self) -> Option<DenialCounts> {
+        self.inner.denials()
+    }
+
+    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+        self.inner.budgets()
+    }
+
+    fn warnings(&self) -> Option<u64> {
+        self.inner.warnings()
+    }
+}
+
+/// The Go environment's FTI provider is granted the `credentials` Secret, so the wiring
+/// of `cro run` (`Operator::new`) wraps it to name that Secret in credential failures.
+/// Through that wiring, everything the controllers pass must reach the provider: an
+/// attach's attempt key (the resource's uid) and the devices other resources hold, and a
+/// listing's claims. (A wrapper that fell back to the 0.1.0-shaped calls handed the
+/// provider an attempt key of the resource's name and no claims at all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attaches_and_listings_reach_a_provider_granted_a_secret_whole() {
+    let mut env = Env::start().await;
+    assert!(
+        env.config.credentials.is_some(),
+        "the Go environment's provider is granted a Secret"
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    env.provider = Arc::new(Recording {
+        inner: env.provider.clone(),
+        seen: seen.clone(),
+    });
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.start_operator().await;
+
+    env.create_request("whole", gpu(1)).await;
+    env.wait_running("whole", 1).await;
+    let first = env.resources_of("whole").await.remove(0);
+    let first_device = first.device_id().expect("a device id").to_owned();
+    env.set_request("whole", &gpu(2)).await;
+    env.wait_running("whole", 2).await;
+    let second = env
+        .resources_of("whole")
+        .await
+        .into_iter()
+        .find(|r| r.name_any() != first.name_any())
+        .expect("a second resource");
+    let second_device = second.device_id().expect("a device id").to_owned();
+
+    // Every attach carried its resource's uid as the attempt key.
+    let adds = std::mem::take(&mut seen.lock().unwrap().adds);
+    assert!(!adds.is_empty());
+    for add in &adds {
+        let uid = [&first, &second]
+            .into_iter()
+            .find(|r| r.name_any() == add.resource.name)
+            .and_then(|r| r.uid())
+            .expect("an attach of one of the two resources");
+        assert_eq!(add.attempt_key, uid, "attempt key of {}", add.resource.name);
+    }
+    // The second attach knew the device the first resource holds.
+    let second_add = adds
+        .iter()
+        .rfind(|a| a.resource.name == second.name_any())
+        .expect("the second resource's attach");
+    assert!(
+        second_add
+            .claims
+            .iter()
+            .any(|c| c.resource == first.name_any()
+                && c.device_id.as_deref() == Some(first_device.as_str())),
+        "the second attach's claims name the first resource's device: {:?}",
+        second_add.claims
+    );
+    // The upstream sync's listing names both held devices.
+    eventually("a listing with both claims", CONVERGE, || {
+        let seen = seen.clone();
+        let (a, b) = (first_device.clone(), second_device.clone());
+        async move {
+            let seen = seen.lock().unwrap();
+            seen.lists
+                .iter()
+                .any(|claims| {
+                    [&a, &b].iter().all(|d| {
+                        claims
+                            .iter()
+                            .any(|c| c.device_id.as_deref() == Some(d.as_str()))
+                    })
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    env.delete_request("whole").await;
+    env.assert_nothing_attached().await;
     env.stop_operator().await.unwrap();
 }

@@ -238,48 +238,34 @@ impl Registry {
 }
 
 impl DeviceProvider for Registry {
-    fn add_resource<'a>(
-        &'a self,
-        resource: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
         Box::pin(async move {
-            let (slot, p) = self.serving_for(&resource.target_node)?;
-            let r = p.add_resource(resource).await;
-            Self::finish(&slot, &resource.target_node, "add_resource", r)
+            let node = &request.resource.target_node;
+            let (slot, p) = self.serving_for(node)?;
+            let r = p.add(request).await;
+            Self::finish(&slot, node, "add_resource", r)
         })
     }
 
-    fn remove_resource<'a>(
+    fn remove<'a>(
         &'a self,
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
         Box::pin(async move {
             let (slot, p) = self.serving_for(&resource.target_node)?;
-            let r = p.remove_resource(resource).await;
+            let r = p.remove(resource).await;
             Self::finish(&slot, &resource.target_node, "remove_resource", r)
         })
     }
 
-    fn check_resource<'a>(
+    fn check<'a>(
         &'a self,
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>> {
         Box::pin(async move {
             let (slot, p) = self.serving_for(&resource.target_node)?;
-            let r = p.check_resource(resource).await;
+            let r = p.check(resource).await;
             Self::finish(&slot, &resource.target_node, "check_resource", r)
-        })
-    }
-
-    fn get_resources(&self) -> BoxFuture<'_, ProviderResult<Vec<DeviceInfo>>> {
-        Box::pin(async move { self.list_all(&[]).await })
-    }
-
-    fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
-        Box::pin(async move {
-            let (slot, p) = self.serving_for(&request.resource.target_node)?;
-            let r = p.add(request).await;
-            Self::finish(&slot, &request.resource.target_node, "add_resource", r)
         })
     }
 

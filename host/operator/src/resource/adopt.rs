@@ -217,7 +217,7 @@ pub async fn add(
     if must_look_first(attempt.as_ref(), &PROCESS) {
         let devices = ctx
             .provider
-            .list_claimed(&claims)
+            .list(&claims)
             .await
             .map_err(|e| ReconcileError::provider(Operation::List, e))?;
         let claimed = claimed_ids(held.iter().map(AsRef::as_ref));
