@@ -92,10 +92,7 @@ impl DeviceProvider for NamingSecret {
         Box::pin(self.naming(self.inner.remove(r)))
     }
 
-    fn check<'a>(
-        &'a self,
-        r: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<()>> {
+    fn check<'a>(&'a self, r: &'a domain::ComposableResource) -> BoxFuture<'a, ProviderResult<()>> {
         Box::pin(self.naming(self.inner.check(r)))
     }
 

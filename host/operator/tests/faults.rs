@@ -311,10 +311,7 @@ impl DeviceProvider for TrapAfterEffect {
         self.inner.remove(r)
     }
 
-    fn check<'a>(
-        &'a self,
-        r: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<()>> {
+    fn check<'a>(&'a self, r: &'a domain::ComposableResource) -> BoxFuture<'a, ProviderResult<()>> {
         self.inner.check(r)
     }
 
@@ -512,10 +509,7 @@ impl DeviceProvider for Recording {
         self.inner.remove(r)
     }
 
-    fn check<'a>(
-        &'a self,
-        r: &'a domain::ComposableResource,
-    ) -> BoxFuture<'a, ProviderResult<()>> {
+    fn check<'a>(&'a self, r: &'a domain::ComposableResource) -> BoxFuture<'a, ProviderResult<()>> {
         self.inner.check(r)
     }
 
