@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use cro_runtime::{ComposableResource, DeviceType, ProviderSpec, Runtime, RuntimeOptions};
+//! use cro_runtime::{AddRequest, ComposableResource, DeviceType, ProviderSpec, Runtime, RuntimeOptions};
 //! use cro_runtime::cluster::StaticCluster;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,7 +28,7 @@
 //!     machine_id: None,
 //!     force_detach: false,
 //! };
-//! match provider.add_resource(&gpu).await {
+//! match provider.add(&AddRequest::new(gpu)).await {
 //!     Ok(outcome) => println!("{outcome:?}"),
 //!     // A trap, timeout, memory overrun or denial fails this call only.
 //!     Err(e) => eprintln!("{e}"),
@@ -73,7 +73,8 @@
 //! - [`grants`]: the provider spec, its capability grants and its limits (YAML/JSON,
 //!   validated).
 //! - [`gate`]: the single choke point every host import goes through.
-//! - [`caps`]: one module per capability (grant, check, budget, host functions).
+//! - [`caps`]: one module per capability (grant, checks, budget, state, import
+//!   bindings, host functions, report), listed once in its registry.
 //! - [`budget`]: what a provider can spend and the counters of budgets hit.
 //! - [`cluster`]: read-only cluster access ([`cluster::StaticCluster`],
 //!   [`cluster::KubeCluster`]).
@@ -93,6 +94,7 @@ mod engine;
 pub mod gate;
 pub mod grants;
 pub mod inspect;
+mod limits;
 mod provider;
 pub mod report;
 mod runtime;
