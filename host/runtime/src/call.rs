@@ -13,8 +13,7 @@ use crate::budget::BudgetCounters;
 use crate::caps::capability::CallSetup;
 use crate::caps::memory::MemoryLimiter;
 use crate::caps::reads::{CallReads, ReadLimiter};
-use crate::caps::registry::HasCapabilities;
-use crate::caps::{self, CallCapabilities, Capabilities};
+use crate::caps::{self, CallCapabilities, Capabilities, HasCapabilities};
 use crate::gate::Gate;
 
 /// What a provider's calls share (owned by the `Provider` handle).

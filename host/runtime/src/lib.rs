@@ -6,7 +6,8 @@
 //! (component model, pooling allocator, epoch interruption) and hands out a [`Provider`]
 //! whose async methods run the four operations. A provider reaches the outside world only
 //! through its host imports, and every import asks the provider's [`gate::Gate`] first,
-//! which checks the administrator's [`grants`] (deny by default).
+//! which decides with the capability's own check of the administrator's [`grants`]
+//! (deny by default).
 //!
 //! ```no_run
 //! use std::sync::Arc;

@@ -4,11 +4,7 @@
 //! (`Capabilities`, `CallCapabilities`), the linker's host functions (`add_to_linker`)
 //! and the capability report (`report`). A capability missing from the list is missing
 //! everywhere, and the list's tests (`crate::caps::tests`) fail for one half there.
-
-/// A store's data that holds a call's capabilities (the linker finds them through it).
-pub(crate) trait HasCapabilities {
-    fn capabilities(&mut self) -> &mut super::CallCapabilities;
-}
+//! A leaf: it names no capability and no other module.
 
 /// Each entry: `field: CapabilityType`, then, for a capability with a section under
 /// `grants`, `{ /// docs  key: GrantType }` (the type must be the capability's `Grant`).
@@ -40,6 +36,12 @@ macro_rules! capabilities {
         /// Every capability's provider-level side.
         pub(crate) struct Capabilities {
             $( pub(crate) $field: ::std::sync::Arc<<$cap as $crate::caps::capability::Capability>::Shared>, )*
+        }
+
+        /// A store's data that holds a call's capabilities (the linker finds them
+        /// through it).
+        pub(crate) trait HasCapabilities {
+            fn capabilities(&mut self) -> &mut CallCapabilities;
         }
 
         /// Every capability's side of one call.
@@ -78,11 +80,11 @@ macro_rules! capabilities {
             linker: &mut ::wasmtime::component::Linker<T>,
         ) -> ::wasmtime::Result<()>
         where
-            T: $crate::caps::registry::HasCapabilities + ::wasmtime_wasi::WasiView + 'static,
+            T: $crate::caps::HasCapabilities + ::wasmtime_wasi::WasiView + 'static,
         {
             $( <$cap as $crate::caps::capability::Capability>::add_to_linker(
                 linker,
-                |t| &mut $crate::caps::registry::HasCapabilities::capabilities(t).$field,
+                |t| &mut $crate::caps::HasCapabilities::capabilities(t).$field,
             )?; )*
             Ok(())
         }
