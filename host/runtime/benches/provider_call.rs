@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
-    ComposableResource, DeviceType, Provider, ProviderSpec, Runtime, RuntimeOptions,
+    AddRequest, ComposableResource, DeviceType, Provider, ProviderSpec, Runtime, RuntimeOptions,
 };
 use fabric_sim::{FabricSim, SimConfig};
 use fti_provider::host::{
@@ -172,8 +172,38 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
     let sim = FabricSim::start(SimConfig::default()).expect("fabric simulator");
     sim.add_machine(MACHINE, NODE);
     sim.add_free_devices("gpu", MODEL, 4096);
+    let secrets = sim_secrets(&sim);
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+        "spec": {"providerID": format!("fsas-cdi://{MACHINE}")}});
+    let config =
+        json!({"api_type": "FM", "endpoint": sim.endpoint(), "tenant_id": sim.tenant_id()});
+    let spec = fti_spec(&sim, &config);
+    let cluster = StaticCluster::new().with_secret(
+        SECRET_NS,
+        SECRET_NAME,
+        secrets.iter().map(|(k, v)| (k.as_str(), v.clone())),
+    );
+    cluster.insert_object(node.clone()).expect("node");
+    let cluster = Arc::new(cluster);
+    let wasm = rt
+        .block_on(runtime.load(&spec, cluster.clone()))
+        .expect("FTI component");
+    let native = native_fti(rt, &sim, &config, secrets, &node);
+    let attached = attach_held(rt, &wasm);
+    Fti {
+        _sim: sim,
+        wasm,
+        native: Arc::new(native),
+        attached,
+        spec,
+        cluster,
+    }
+}
+
+/// The credentials the simulator accepts, as the Secret holds them.
+fn sim_secrets(sim: &FabricSim) -> HashMap<String, String> {
     let creds = sim.credentials();
-    let secrets: HashMap<String, String> = [
+    [
         ("username", creds.username.clone()),
         ("password", creds.password.clone()),
         ("client_id", creds.client_id.clone()),
@@ -182,11 +212,11 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-        "spec": {"providerID": format!("fsas-cdi://{MACHINE}")}});
-    let config =
-        json!({"api_type": "FM", "endpoint": sim.endpoint(), "tenant_id": sim.tenant_id()});
+    .collect()
+}
+
+/// The FTI component's spec against the simulator.
+fn fti_spec(sim: &FabricSim, config: &serde_json::Value) -> ProviderSpec {
     let spec = json!({
         "name": "fti",
         "component": cro_test_support::component("fti-provider"),
@@ -203,24 +233,24 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
         // not the sandbox. The per-call read budget stays as it is.
         "limits": {"cluster_reads_per_second": cro_runtime::Limits::MAX_CLUSTER_READS_PER_SECOND},
     });
-    let spec = ProviderSpec::from_json(&spec.to_string(), std::path::Path::new("/")).expect("spec");
-    let cluster = StaticCluster::new().with_secret(
-        SECRET_NS,
-        SECRET_NAME,
-        secrets.iter().map(|(k, v)| (k.as_str(), v.clone())),
-    );
-    cluster.insert_object(node.clone()).expect("node");
-    let cluster = Arc::new(cluster);
-    let wasm = rt
-        .block_on(runtime.load(&spec, cluster.clone()))
-        .expect("FTI component");
+    ProviderSpec::from_json(&spec.to_string(), std::path::Path::new("/")).expect("spec")
+}
 
+/// The FTI library over [`NativeHost`], with the same configuration, credentials and
+/// node as the component.
+fn native_fti(
+    rt: &tokio::runtime::Runtime,
+    sim: &FabricSim,
+    config: &serde_json::Value,
+    secrets: HashMap<String, String>,
+    node: &serde_json::Value,
+) -> fti_provider::Fti<NativeHost> {
     let ca = reqwest::Certificate::from_pem(sim.ca_pem().as_bytes()).expect("CA");
     let http = reqwest::Client::builder()
         .add_root_certificate(ca)
         .build()
         .expect("HTTP client");
-    let native = fti_provider::Fti::new(NativeHost {
+    fti_provider::Fti::new(NativeHost {
         http,
         rt: rt.handle().clone(),
         config: config
@@ -232,9 +262,13 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
         secrets,
         nodes: HashMap::from([(NODE.to_owned(), node.to_string())]),
         state: Mutex::default(),
-    });
-    let attached = match rt
-        .block_on(wasm.add_resource(&gpu("held")))
+    })
+}
+
+/// Attaches the GPU `check` measures, through the component.
+fn attach_held(rt: &tokio::runtime::Runtime, wasm: &Provider) -> ComposableResource {
+    match rt
+        .block_on(wasm.add(&AddRequest::new(gpu("held"))))
         .expect("attach")
     {
         // As the operator records it: later calls name the machine, no node lookup.
@@ -245,14 +279,6 @@ fn fti(rt: &tokio::runtime::Runtime, runtime: &Runtime) -> Fti {
             ..gpu("held")
         },
         other => panic!("attach did not finish: {other:?}"),
-    };
-    Fti {
-        _sim: sim,
-        wasm,
-        native: Arc::new(native),
-        attached,
-        spec,
-        cluster,
     }
 }
 
@@ -293,8 +319,15 @@ fn benches(c: &mut Criterion) {
         .build()
         .expect("tokio");
     let runtime = Runtime::new(RuntimeOptions::default()).expect("runtime");
+    fresh_instance(c, &rt, &runtime);
+    let f = fti(&rt, &runtime);
+    fti_calls(c, &rt, &f);
+    no_io_calls(c, &rt, &f);
+    concurrent_calls(c, &rt, &f);
+}
 
-    // Fresh instance + empty call: the testkit's check in its "fake" mode does nothing.
+/// Fresh instance + empty call: the testkit's check in its "fake" mode does nothing.
+fn fresh_instance(c: &mut Criterion, rt: &tokio::runtime::Runtime, runtime: &Runtime) {
     let mut spec = ProviderSpec::new("testkit", cro_test_support::component("cro-testkit"));
     spec.config.insert("mode".into(), "fake".into());
     let testkit = rt
@@ -304,11 +337,13 @@ fn benches(c: &mut Criterion) {
     c.bench_function("instance/fresh_instance_empty_call", |b| {
         b.iter(|| rt.block_on(testkit.check_resource(&empty)))
     });
+}
 
-    let f = fti(&rt, &runtime);
+/// The FTI operations, component beside library.
+fn fti_calls(c: &mut Criterion, rt: &tokio::runtime::Runtime, f: &Fti) {
     let mut g = c.benchmark_group("fti");
     g.bench_function("get_resources/wasm", |b| {
-        b.iter(|| rt.block_on(f.wasm.get_resources()).expect("list"))
+        b.iter(|| rt.block_on(f.wasm.list(&[])).expect("list"))
     });
     g.bench_function("get_resources/native", |b| {
         b.iter(|| f.native.get_resources().expect("list"))
@@ -324,7 +359,8 @@ fn benches(c: &mut Criterion) {
     // add then remove, so every iteration finds a free device and leaves none attached.
     g.bench_function("add_remove/wasm", |b| {
         b.iter(|| {
-            let d = match rt.block_on(f.wasm.add_resource(&gpu("b"))).expect("add") {
+            let added = rt.block_on(f.wasm.add(&AddRequest::new(gpu("b"))));
+            let d = match added.expect("add") {
                 cro_runtime::AddOutcome::Attached(d) => d,
                 other => panic!("{other:?}"),
             };
@@ -351,9 +387,11 @@ fn benches(c: &mut Criterion) {
         })
     });
     g.finish();
+}
 
-    // A call that reaches no fabric (remove of a resource without a device): instantiate
-    // plus the provider's own code, for the FTI component and the Python example.
+/// A call that reaches no fabric (remove of a resource without a device): instantiate
+/// plus the provider's own code, for the FTI component and the Python example.
+fn no_io_calls(c: &mut Criterion, rt: &tokio::runtime::Runtime, f: &Fti) {
     let nothing = ComposableResource {
         device_id: None,
         fabric_device_id: None,
@@ -366,7 +404,7 @@ fn benches(c: &mut Criterion) {
                 .expect("remove")
         })
     });
-    let py = python(&rt, &f);
+    let py = python(rt, f);
     if let Some(py) = &py {
         g.bench_function("python", |b| {
             b.iter(|| rt.block_on(py.remove_resource(&nothing)).expect("remove"))
@@ -374,17 +412,20 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
     if let Some(py) = &py {
+        let held = f.attached.clone();
         let mut g = c.benchmark_group("check_resource");
         g.bench_function("python", |b| {
             b.iter(|| rt.block_on(py.check_resource(&held)).expect("check"))
         });
         g.finish();
     }
+}
 
-    // Calls per second with k calls in flight (criterion's throughput is per element:
-    // one element = one call). Each of the k callers makes `iters` calls back to back,
-    // so neither side pays a thread or task start per call: k tasks on the runtime for
-    // the component, k threads for the library (which blocks).
+/// Calls per second with k calls in flight (criterion's throughput is per element:
+/// one element = one call). Each of the k callers makes `iters` calls back to back,
+/// so neither side pays a thread or task start per call: k tasks on the runtime for
+/// the component, k threads for the library (which blocks).
+fn concurrent_calls(c: &mut Criterion, rt: &tokio::runtime::Runtime, f: &Fti) {
     let mut g = c.benchmark_group("fti_concurrent_get_resources");
     for k in [1usize, 4, 16] {
         g.throughput(Throughput::Elements(k as u64));
@@ -393,7 +434,7 @@ fn benches(c: &mut Criterion) {
                 let start = Instant::now();
                 rt.block_on(futures::future::join_all((0..k).map(|_| async {
                     for _ in 0..iters {
-                        f.wasm.get_resources().await.expect("list");
+                        f.wasm.list(&[]).await.expect("list");
                     }
                 })));
                 start.elapsed()

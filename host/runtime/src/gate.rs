@@ -5,8 +5,10 @@
 //! What the guest wrote is quoted clipped and escaped (a megabyte-long key makes a short
 //! line), and denial lines are rate-limited per provider (counting goes on regardless).
 //!
-//! Each capability module owns its grant type and the check of it; the gate asks them,
-//! so every decision still goes through here.
+//! The gate holds no rule of its own: each capability module owns its grant and the
+//! [`Check`]s of it, and its host functions hand them to [`Gate::check`], so every
+//! decision still goes through here, and so do the counting, logging and observing of
+//! denials.
 //!
 //! A [`CapabilityObserver`] (optional, given at load) is told of every HTTP request,
 //! Secret read and lookup a call made, allowed or not, and of every call's end with what
@@ -17,40 +19,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use url::Url;
-
-use crate::base::quote;
 use crate::budget::{Admit, MinuteWindow};
-use crate::caps::http::grant::refused_header;
-use crate::caps::lookup::grant::check_name;
-use crate::grants::{Grants, HttpTarget};
 
 /// Denial lines logged per provider per minute; further denials are only counted.
 const DENIAL_LINES_PER_MINUTE: u64 = 120;
 
-/// What a host import is about to do on the guest's behalf.
-#[derive(Debug, Clone, Copy)]
-pub enum Capability<'a> {
-    /// An HTTP request (or a redirect) to `url`.
-    Http(&'a Url),
-    /// A request header the provider wants to send (framing and routing headers are
-    /// never allowed).
-    HttpHeader(&'a str),
-    /// Reading one key of the granted Secret.
-    SecretKey(&'a str),
-    /// Reading objects of a kind (`v1 Node` for `get-node`/`list-nodes`).
-    Lookup { api_version: &'a str, kind: &'a str },
-    /// The name (and namespace) of an object to read: must be a Kubernetes name.
-    ObjectName {
-        name: &'a str,
-        namespace: Option<&'a str>,
-    },
-    /// The provider's own configuration: always allowed.
-    Config,
-    /// Logging: always allowed.
-    Log,
-    /// The provider's own state map: always allowed (bounded by `limits.state_bytes`).
-    State,
+/// One decision a host import asks the gate for (an HTTP request to a URL, a key of
+/// the Secret, ...). Each capability module implements it for what its imports do: the
+/// module owns the rule, the gate counts, logs and reports what it refuses.
+pub(crate) trait Check {
+    /// The capability its denials are counted as; `None` for the checks of a capability
+    /// that is always granted (they never deny).
+    fn kind(&self) -> Option<CapabilityKind>;
+    /// `Ok` when allowed; otherwise why not, naming the missing grant (guest text
+    /// quoted clipped and escaped).
+    fn decide(&self) -> Result<(), String>;
 }
 
 /// A refused capability; the message names the missing grant.
@@ -128,10 +111,10 @@ pub trait CapabilityObserver: Send + Sync + 'static {
     fn call_finished(&self, _stats: CallStats) {}
 }
 
-/// Decides every capability of one provider against its grants.
+/// Asks each capability's checks for one provider, and counts, logs and reports what
+/// they refuse.
 pub struct Gate {
     provider: String,
-    grants: Arc<Grants>,
     observer: Option<Arc<dyn CapabilityObserver>>,
     http: AtomicU64,
     secret: AtomicU64,
@@ -140,10 +123,9 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(provider: impl Into<String>, grants: Arc<Grants>) -> Gate {
+    pub fn new(provider: impl Into<String>) -> Gate {
         Gate {
             provider: provider.into(),
-            grants,
             observer: None,
             http: AtomicU64::new(0),
             secret: AtomicU64::new(0),
@@ -194,71 +176,29 @@ impl Gate {
         &self.provider
     }
 
-    pub fn grants(&self) -> &Grants {
-        &self.grants
+    /// Allows or denies what `check` describes, as its capability decides; a denial is
+    /// counted and logged here.
+    pub(crate) fn check(&self, check: &impl Check) -> Result<(), Denial> {
+        let Err(message) = check.decide() else {
+            return Ok(());
+        };
+        if let Some(counter) = check.kind().map(|kind| self.counter(kind)) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        self.log_denial(&message);
+        Err(Denial(message))
     }
 
-    /// Allows or denies `capability`; a denial is logged and counted here.
-    pub fn check(&self, capability: Capability<'_>) -> Result<(), Denial> {
-        let (counter, message) = match capability {
-            Capability::Http(url) => {
-                if self.grants.http_grant_for(url).is_some() {
-                    return Ok(());
-                }
-                (
-                    &self.http,
-                    format!("no http grant for {}", quote(&HttpTarget::describe(url))),
-                )
-            }
-            Capability::HttpHeader(name) => {
-                if !refused_header(name) {
-                    return Ok(());
-                }
-                (
-                    &self.http,
-                    format!(
-                        "the request header `{}` is set by the host only (Host, Connection, \
-                         Transfer-Encoding, Content-Length, Upgrade, TE, Trailer, Keep-Alive \
-                         and Proxy-* cannot be granted)",
-                        quote(name)
-                    ),
-                )
-            }
-            Capability::SecretKey(key) => match &self.grants.secret {
-                Some(secret) if secret.allows(key) => return Ok(()),
-                Some(secret) => (
-                    &self.secret,
-                    format!(
-                        "no secret grant for key `{}` of {}/{}",
-                        quote(key),
-                        secret.namespace,
-                        secret.name
-                    ),
-                ),
-                None => (
-                    &self.secret,
-                    format!(
-                        "no secret grant (the provider asked for key `{}`)",
-                        quote(key)
-                    ),
-                ),
-            },
-            Capability::Lookup { api_version, kind } => {
-                if self.grants.allows_lookup(api_version, kind) {
-                    return Ok(());
-                }
-                (
-                    &self.lookup,
-                    format!("no lookup grant for {} {}", quote(api_version), quote(kind)),
-                )
-            }
-            Capability::ObjectName { name, namespace } => match check_name(name, namespace) {
-                Ok(()) => return Ok(()),
-                Err(why) => (&self.lookup, why),
-            },
-            Capability::Config | Capability::Log | Capability::State => return Ok(()),
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    fn counter(&self, kind: CapabilityKind) -> &AtomicU64 {
+        match kind {
+            CapabilityKind::Http => &self.http,
+            CapabilityKind::Secret => &self.secret,
+            CapabilityKind::Lookup => &self.lookup,
+        }
+    }
+
+    /// One warning per denial, at most [`DENIAL_LINES_PER_MINUTE`] a minute.
+    fn log_denial(&self, message: &str) {
         let admit = self
             .lines
             .lock()
@@ -285,7 +225,6 @@ impl Gate {
             }
             Admit::No { first: false } => {}
         }
-        Err(Denial(message))
     }
 
     pub fn denials(&self) -> DenialCounts {
@@ -301,7 +240,6 @@ impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gate")
             .field("provider", &self.provider)
-            .field("grants", &self.grants)
             .field("observed", &self.observer.is_some())
             .field("denials", &self.denials())
             .finish_non_exhaustive()
@@ -311,103 +249,47 @@ impl std::fmt::Debug for Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grants::{HttpGrant, LookupGrant, SecretGrant};
+
+    // The gate asking each capability's own checks is tested with them (`caps::tests`).
 
     fn gate() -> Gate {
-        let grants = Grants {
-            http: vec![HttpGrant::new(
-                "https://fabric.example:8443".parse().unwrap(),
-            )],
-            secret: Some(SecretGrant {
-                namespace: "ns".into(),
-                name: "creds".into(),
-                keys: vec!["username".into()],
-            }),
-            lookup: vec![LookupGrant::new("v1", "Node")],
-            wasi: Default::default(),
-        };
-        Gate::new("p", Arc::new(grants))
+        Gate::new("p")
+    }
+
+    /// A check that decides what it is told to.
+    struct Fixed(Option<CapabilityKind>, Result<(), &'static str>);
+
+    impl Check for Fixed {
+        fn kind(&self) -> Option<CapabilityKind> {
+            self.0
+        }
+        fn decide(&self) -> Result<(), String> {
+            self.1.map_err(String::from)
+        }
     }
 
     #[test]
-    fn allows_what_is_granted_and_counts_the_rest() {
+    fn denials_are_counted_by_kind_and_returned() {
         let gate = gate();
-        let good = Url::parse("https://fabric.example:8443/x").unwrap();
-        let evil = Url::parse("https://evil.example/x").unwrap();
-        assert_eq!(gate.check(Capability::Http(&good)), Ok(()));
+        let http = Some(CapabilityKind::Http);
+        assert_eq!(gate.check(&Fixed(http, Ok(()))), Ok(()));
         assert_eq!(
-            gate.check(Capability::Http(&evil)),
-            Err(Denial("no http grant for https://evil.example:443".into()))
+            gate.check(&Fixed(http, Err("no"))),
+            Err(Denial("no".into()))
         );
-        assert_eq!(gate.check(Capability::SecretKey("username")), Ok(()));
-        assert_eq!(
-            gate.check(Capability::SecretKey("password")),
-            Err(Denial(
-                "no secret grant for key `password` of ns/creds".into()
-            ))
+        assert!(
+            gate.check(&Fixed(Some(CapabilityKind::Lookup), Err("no")))
+                .is_err()
         );
-        let node = Capability::Lookup {
-            api_version: "v1",
-            kind: "Node",
-        };
-        assert_eq!(gate.check(node), Ok(()));
-        let pod = Capability::Lookup {
-            api_version: "v1",
-            kind: "Pod",
-        };
-        assert_eq!(
-            gate.check(pod),
-            Err(Denial("no lookup grant for v1 Pod".into()))
-        );
-        for always in [Capability::Config, Capability::Log, Capability::State] {
-            assert_eq!(gate.check(always), Ok(()));
-        }
+        assert!(gate.check(&Fixed(None, Err("always"))).is_err());
         assert_eq!(
             gate.denials(),
             DenialCounts {
                 http: 1,
-                secret: 1,
+                secret: 0,
                 lookup: 1
             }
         );
-        assert_eq!(gate.denials().total(), 3);
-    }
-
-    #[test]
-    fn headers_and_names_are_checked_and_guest_text_is_clipped() {
-        let gate = gate();
-        assert_eq!(gate.check(Capability::HttpHeader("authorization")), Ok(()));
-        let host = gate.check(Capability::HttpHeader("Host")).unwrap_err();
-        assert!(
-            host.0.contains("`Host` is set by the host only"),
-            "{}",
-            host.0
-        );
-        assert_eq!(
-            gate.check(Capability::ObjectName {
-                name: "worker-0",
-                namespace: None
-            }),
-            Ok(())
-        );
-        let proxy = gate
-            .check(Capability::ObjectName {
-                name: "worker-0/proxy",
-                namespace: None,
-            })
-            .unwrap_err();
-        assert!(
-            proxy.0.contains("is not a Kubernetes object name"),
-            "{}",
-            proxy.0
-        );
-        let huge = "k\n".repeat(1 << 20);
-        let denial = gate.check(Capability::SecretKey(&huge)).unwrap_err();
-        assert!(denial.0.len() < 400, "{}", denial.0.len());
-        assert!(!denial.0.contains('\n'), "{}", denial.0);
-        assert_eq!(gate.denials().http, 1);
-        assert_eq!(gate.denials().lookup, 1);
-        assert_eq!(gate.denials().secret, 1);
     }
 
     #[derive(Default)]
@@ -450,22 +332,5 @@ mod tests {
         assert_eq!(uses[0].target, "password");
         assert!(uses[0].denied());
         assert_eq!(seen.1.lock().unwrap()[0].peak_memory_bytes, 1 << 20);
-    }
-
-    #[test]
-    fn no_grants_deny_everything() {
-        let gate = Gate::new("p", Arc::new(Grants::default()));
-        let url = Url::parse("http://127.0.0.1/").unwrap();
-        assert!(gate.check(Capability::Http(&url)).is_err());
-        let denial = gate.check(Capability::SecretKey("k")).unwrap_err();
-        assert_eq!(denial.0, "no secret grant (the provider asked for key `k`)");
-        assert!(
-            gate.check(Capability::Lookup {
-                api_version: "v1",
-                kind: "Node"
-            })
-            .is_err()
-        );
-        assert_eq!(gate.denials().total(), 3);
     }
 }

@@ -26,19 +26,21 @@
 //! the guest's wall clock is frozen at the Unix epoch. Files, environment, arguments and
 //! sockets cannot be granted at all.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::base::{FieldError, is_dns_label};
-// Each capability owns its grant type; the spec gathers them (public paths kept here).
+// Each capability owns its grant type, and its registration gathers them into `Grants`
+// (public paths kept here).
+pub use crate::caps::Grants;
 pub use crate::caps::http::grant::{CaPem, HostPattern, HttpGrant, HttpTarget, Scheme};
 pub use crate::caps::lookup::grant::LookupGrant;
 pub use crate::caps::secrets::grant::SecretGrant;
 pub use crate::caps::wasi::grant::WasiGrant;
+pub use crate::limits::Limits;
 
 /// Why a provider spec was refused.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +162,8 @@ impl ProviderSpec {
             return Err(invalid("config", format!("empty key `{key}`")));
         }
         self.grants.validate()?;
-        self.limits.validate()
+        self.limits.validate()?;
+        Ok(())
     }
 }
 
@@ -199,23 +202,6 @@ where
         .collect()
 }
 
-/// The capabilities granted to one provider. The default grants nothing.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Grants {
-    /// Endpoints the `http` interface may reach.
-    #[serde(default)]
-    pub http: Vec<HttpGrant>,
-    /// The one Secret (and its keys) the `secrets` interface may read.
-    #[serde(default)]
-    pub secret: Option<SecretGrant>,
-    /// Kinds the `lookup` interface may read (`v1 Node` for `get-node`/`list-nodes`).
-    #[serde(default)]
-    pub lookup: Vec<LookupGrant>,
-    #[serde(default)]
-    pub wasi: WasiGrant,
-}
-
 impl Grants {
     /// The HTTP grant covering `url`, if any.
     pub fn http_grant_for(&self, url: &Url) -> Option<&HttpGrant> {
@@ -226,207 +212,12 @@ impl Grants {
     pub fn allows_lookup(&self, api_version: &str, kind: &str) -> bool {
         self.lookup.iter().any(|g| g.allows(api_version, kind))
     }
-
-    fn validate(&self) -> Result<(), GrantError> {
-        crate::caps::http::grant::validate(&self.http)?;
-        if let Some(secret) = &self.secret {
-            secret.validate()?;
-        }
-        let mut kinds = BTreeSet::new();
-        for (i, grant) in self.lookup.iter().enumerate() {
-            grant.validate(i)?;
-            if !kinds.insert((grant.api_version.as_str(), grant.kind.as_str())) {
-                return Err(invalid(
-                    format!("grants.lookup[{i}]"),
-                    format!("{} {} is granted twice", grant.api_version, grant.kind),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Per-provider limits: everything a provider can make the host spend. Each has a
-/// default sized for a small operator and a typed outcome when hit (see `crate::budget`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Wall-clock deadline of one call, host I/O included.
-    pub call_timeout_ms: u64,
-    /// Bytes of all linear memories and tables of one call's instance, summed.
-    pub memory_bytes: u64,
-    /// Calls running at once; more wait for a slot.
-    pub max_concurrent_calls: u32,
-    /// Largest HTTP reply body.
-    pub max_response_bytes: u64,
-    /// Bytes the `state` interface keeps: keys plus values plus a fixed overhead per entry.
-    pub state_bytes: u64,
-    /// Entries the `state` interface keeps.
-    pub state_entries: u32,
-    /// Bytes wasmtime may copy out of the guest for one host call or one result (strings
-    /// and lists, aliases counted each time); at most `memory_bytes` is used.
-    pub host_call_bytes: u64,
-    /// Log lines (including `log` calls dropped by the per-minute budget) of one call.
-    pub log_lines_per_call: u32,
-    /// Log bytes of one call.
-    pub log_bytes_per_call: u64,
-    /// Log lines the provider may write per minute, across its calls; more are dropped.
-    pub log_lines_per_minute: u32,
-    /// Log bytes the provider may write per minute, across its calls; more are dropped.
-    pub log_bytes_per_minute: u64,
-    /// Kubernetes API reads (Secret, Node, object, list) of one call; a Secret is read
-    /// once per call however many keys the provider asks for.
-    pub cluster_reads_per_call: u32,
-    /// Kubernetes API reads per second across the provider's calls (bursts of twice that);
-    /// faster reads wait for their turn within the call's deadline.
-    pub cluster_reads_per_second: u32,
-    /// Longest text a provider hands back (an error message, an in-progress note, an id);
-    /// longer text is cut.
-    pub provider_text_bytes: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            call_timeout_ms: 30_000,
-            memory_bytes: 64 << 20,
-            max_concurrent_calls: 16,
-            max_response_bytes: 4 << 20,
-            state_bytes: 64 << 10,
-            state_entries: 256,
-            host_call_bytes: 8 << 20,
-            log_lines_per_call: 256,
-            log_bytes_per_call: 64 << 10,
-            log_lines_per_minute: 1200,
-            log_bytes_per_minute: 1 << 20,
-            cluster_reads_per_call: 512,
-            cluster_reads_per_second: 50,
-            provider_text_bytes: 4096,
-        }
-    }
-}
-
-impl Limits {
-    pub const MAX_CALL_TIMEOUT_MS: u64 = 10 * 60 * 1000;
-    pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
-    pub const MAX_MEMORY_BYTES: u64 = 4 << 30;
-    pub const MAX_CONCURRENT_CALLS: u32 = 1024;
-    pub const MAX_RESPONSE_BYTES: u64 = 1 << 30;
-    pub const MAX_STATE_BYTES: u64 = 64 << 20;
-    pub const MAX_STATE_ENTRIES: u32 = 1 << 16;
-    pub const MIN_HOST_CALL_BYTES: u64 = 64 << 10;
-    pub const MAX_LOG_LINES: u32 = 1 << 20;
-    pub const MAX_LOG_BYTES: u64 = 1 << 30;
-    pub const MAX_CLUSTER_READS_PER_CALL: u32 = 1 << 16;
-    pub const MAX_CLUSTER_READS_PER_SECOND: u32 = 10_000;
-    pub const MIN_PROVIDER_TEXT_BYTES: u32 = 256;
-    pub const MAX_PROVIDER_TEXT_BYTES: u32 = 1 << 20;
-
-    pub fn call_timeout(&self) -> Duration {
-        Duration::from_millis(self.call_timeout_ms)
-    }
-
-    /// The hostcall fuel a call gets: `host_call_bytes`, never more than the memory cap
-    /// (the guest cannot hold more than that, so more is only ever aliases).
-    pub fn effective_host_call_bytes(&self) -> u64 {
-        self.host_call_bytes.min(self.memory_bytes)
-    }
-
-    fn validate(&self) -> Result<(), GrantError> {
-        fn range(field: &str, v: u64, min: u64, max: u64) -> Result<(), GrantError> {
-            if (min..=max).contains(&v) {
-                Ok(())
-            } else {
-                Err(invalid(
-                    format!("limits.{field}"),
-                    format!("{v} is outside {min}..={max}"),
-                ))
-            }
-        }
-        range(
-            "call_timeout_ms",
-            self.call_timeout_ms,
-            1,
-            Self::MAX_CALL_TIMEOUT_MS,
-        )?;
-        range(
-            "memory_bytes",
-            self.memory_bytes,
-            Self::MIN_MEMORY_BYTES,
-            Self::MAX_MEMORY_BYTES,
-        )?;
-        range(
-            "max_concurrent_calls",
-            u64::from(self.max_concurrent_calls),
-            1,
-            u64::from(Self::MAX_CONCURRENT_CALLS),
-        )?;
-        range(
-            "max_response_bytes",
-            self.max_response_bytes,
-            1,
-            Self::MAX_RESPONSE_BYTES,
-        )?;
-        range("state_bytes", self.state_bytes, 0, Self::MAX_STATE_BYTES)?;
-        range(
-            "state_entries",
-            u64::from(self.state_entries),
-            0,
-            u64::from(Self::MAX_STATE_ENTRIES),
-        )?;
-        range(
-            "host_call_bytes",
-            self.host_call_bytes,
-            Self::MIN_HOST_CALL_BYTES,
-            Self::MAX_MEMORY_BYTES,
-        )?;
-        range(
-            "log_lines_per_call",
-            u64::from(self.log_lines_per_call),
-            0,
-            u64::from(Self::MAX_LOG_LINES),
-        )?;
-        range(
-            "log_bytes_per_call",
-            self.log_bytes_per_call,
-            0,
-            Self::MAX_LOG_BYTES,
-        )?;
-        range(
-            "log_lines_per_minute",
-            u64::from(self.log_lines_per_minute),
-            0,
-            u64::from(Self::MAX_LOG_LINES),
-        )?;
-        range(
-            "log_bytes_per_minute",
-            self.log_bytes_per_minute,
-            0,
-            Self::MAX_LOG_BYTES,
-        )?;
-        range(
-            "cluster_reads_per_call",
-            u64::from(self.cluster_reads_per_call),
-            0,
-            u64::from(Self::MAX_CLUSTER_READS_PER_CALL),
-        )?;
-        range(
-            "cluster_reads_per_second",
-            u64::from(self.cluster_reads_per_second),
-            1,
-            u64::from(Self::MAX_CLUSTER_READS_PER_SECOND),
-        )?;
-        range(
-            "provider_text_bytes",
-            u64::from(self.provider_text_bytes),
-            u64::from(Self::MIN_PROVIDER_TEXT_BYTES),
-            u64::from(Self::MAX_PROVIDER_TEXT_BYTES),
-        )
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn url(s: &str) -> Url {

@@ -6,11 +6,12 @@
 //! (component model, pooling allocator, epoch interruption) and hands out a [`Provider`]
 //! whose async methods run the four operations. A provider reaches the outside world only
 //! through its host imports, and every import asks the provider's [`gate::Gate`] first,
-//! which checks the administrator's [`grants`] (deny by default).
+//! which decides with the capability's own check of the administrator's [`grants`]
+//! (deny by default).
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use cro_runtime::{ComposableResource, DeviceType, ProviderSpec, Runtime, RuntimeOptions};
+//! use cro_runtime::{AddRequest, ComposableResource, DeviceType, ProviderSpec, Runtime, RuntimeOptions};
 //! use cro_runtime::cluster::StaticCluster;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,7 +29,7 @@
 //!     machine_id: None,
 //!     force_detach: false,
 //! };
-//! match provider.add_resource(&gpu).await {
+//! match provider.add(&AddRequest::new(gpu)).await {
 //!     Ok(outcome) => println!("{outcome:?}"),
 //!     // A trap, timeout, memory overrun or denial fails this call only.
 //!     Err(e) => eprintln!("{e}"),
@@ -73,7 +74,8 @@
 //! - [`grants`]: the provider spec, its capability grants and its limits (YAML/JSON,
 //!   validated).
 //! - [`gate`]: the single choke point every host import goes through.
-//! - [`caps`]: one module per capability (grant, check, budget, host functions).
+//! - [`caps`]: one module per capability (grant, checks, budget, state, import
+//!   bindings, host functions, report), listed once in its registry.
 //! - [`budget`]: what a provider can spend and the counters of budgets hit.
 //! - [`cluster`]: read-only cluster access ([`cluster::StaticCluster`],
 //!   [`cluster::KubeCluster`]).
@@ -93,6 +95,7 @@ mod engine;
 pub mod gate;
 pub mod grants;
 pub mod inspect;
+mod limits;
 mod provider;
 pub mod report;
 mod runtime;

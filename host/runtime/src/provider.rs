@@ -17,7 +17,7 @@ use wasmtime::{Store, UpdateDeadline};
 use crate::base::{DeadlineExceeded, clip, error_chain, escape_line, needs_escape};
 use crate::budget::{Budget, BudgetCounters, BudgetExceeded};
 use crate::call::{CallCtx, ProviderCaps};
-use crate::caps::wasi::{self, capture::TailCapture};
+use crate::caps::wasi::capture::TailCapture;
 use crate::domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, FabricError,
     ProviderError, ProviderInfo, RemoveOutcome,
@@ -171,7 +171,7 @@ impl Provider {
 
     /// Entries and bytes (as charged) the provider's `state` holds now.
     pub fn state_usage(&self) -> (usize, usize) {
-        self.inner.caps.state.usage()
+        self.inner.caps.caps.state.store.usage()
     }
 
     fn text(&self) -> Clipper<'_> {
@@ -183,7 +183,7 @@ impl Provider {
 
     /// Warnings and errors the provider logged so far (for metrics).
     pub fn warnings(&self) -> u64 {
-        self.inner.caps.log.warnings()
+        self.inner.caps.caps.log.warnings()
     }
 
     /// The contract version the component targets.
@@ -226,15 +226,6 @@ impl Provider {
             .await?;
         let t = self.text();
         Ok(info.map(|i| t.info(i)))
-    }
-
-    /// Attaches a device of the resource's type and model to its target node, knowing
-    /// no claims (see [`Provider::add`]).
-    pub async fn add_resource(
-        &self,
-        resource: &ComposableResource,
-    ) -> Result<AddOutcome, CallError> {
-        self.add(&AddRequest::new(resource.clone())).await
     }
 
     /// Attaches a device for the request (resource, attempt key, size, claims).
@@ -281,12 +272,6 @@ impl Provider {
         reply.map_err(|e| self.text().error(e).into())
     }
 
-    /// Every device the fabric has attached to the cluster's machines, knowing no
-    /// claims (see [`Provider::list`]).
-    pub async fn get_resources(&self) -> Result<Vec<DeviceInfo>, CallError> {
-        self.list(&[]).await
-    }
-
     /// Every device the fabric has attached to the cluster's machines; `claims` are the
     /// devices ComposableResources hold.
     pub async fn list(&self, claims: &[Claim]) -> Result<Vec<DeviceInfo>, CallError> {
@@ -308,26 +293,50 @@ impl Provider {
         self.call_in(&caps, invoke).await
     }
 
+    /// One call against a fresh instance in a fresh store, with `caps`: waits for a
+    /// slot, runs to the deadline, and turns whatever went wrong into a [`CallError`].
     async fn call_in<R>(&self, caps: &ProviderCaps, invoke: Invoke<R>) -> Result<R, CallError> {
         let inner = &self.inner;
         let closed = |_| CallError::Instantiate("the runtime is shutting down".into());
         let _call = inner.calls.acquire().await.map_err(closed)?;
         let _slot = inner.runtime.slots.acquire().await.map_err(closed)?;
 
-        let limits = &inner.spec.limits;
-        let timeout = limits.call_timeout();
         let started = Instant::now();
-        let deadline = started + timeout;
-        let output = inner.runtime.options.guest_output_bytes;
-        let (stdout, stderr) = (TailCapture::new(output), TailCapture::new(output));
-        let wasi = wasi::context(
-            inner.spec.grants.wasi,
-            &inner.runtime.clock,
-            stdout.clone(),
-            stderr.clone(),
+        let deadline = started + inner.spec.limits.call_timeout();
+        let mut store = self.store(caps, deadline);
+        let (stdout, stderr) = store.data().caps.wasi.output();
+        let outcome = self.run(&mut store, invoke, deadline).await;
+        let memory_refused = store.data().limiter.refused();
+        let peak_memory_bytes = store.data().limiter.used() as u64;
+        caps.gate.call_finished(|| CallStats {
+            duration: started.elapsed(),
+            peak_memory_bytes,
+        });
+        // The instance goes with the store, whatever happened.
+        drop(store);
+        self.log_output(&stdout, &stderr);
+
+        let failure = match outcome {
+            Ok(Ok(reply)) => return Ok(reply),
+            Err(_elapsed) => return Err(CallError::Timeout(inner.spec.limits.call_timeout())),
+            Ok(Err(failure)) => failure,
+        };
+        let err = self.classify(&caps.budgets, failure, memory_refused, &stderr);
+        let err = self.text().call_error(err);
+        tracing::warn!(
+            provider = %inner.spec.name,
+            error = %escape_line(&err.to_string(), LOGGED_ERROR_BYTES),
+            "provider call failed"
         );
+        Err(err)
+    }
+
+    /// A new call's store: its capabilities, memory limiter, hostcall fuel and deadline.
+    fn store(&self, caps: &ProviderCaps, deadline: Instant) -> Store<CallCtx> {
+        let inner = &self.inner;
+        let limits = &inner.spec.limits;
         let memory = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
-        let ctx = caps.call(deadline, memory, inner.runtime.slot_size(), wasi);
+        let ctx = caps.call(deadline, memory, inner.runtime.slot_size());
         let mut store = Store::new(&inner.runtime.engine, ctx);
         store.limiter(|c| &mut c.limiter);
         // What wasmtime copies out of the guest for one host call or result (strings and
@@ -344,42 +353,49 @@ impl Provider {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
+        store
+    }
 
+    /// Instantiates and invokes, bounded by the deadline (and a grace after it for what
+    /// ignores the deadline).
+    async fn run<R>(
+        &self,
+        store: &mut Store<CallCtx>,
+        invoke: Invoke<R>,
+        deadline: Instant,
+    ) -> Result<Result<R, Failure>, tokio::time::error::Elapsed> {
         let run = async {
-            let instance = inner
+            let instance = self
+                .inner
                 .pre
-                .instantiate(&mut store)
+                .instantiate(store)
                 .await
                 .map_err(Failure::Instantiate)?;
-            invoke(&instance, &mut store).await.map_err(Failure::Call)
+            invoke(&instance, store).await.map_err(Failure::Call)
         };
-        let outcome = tokio::time::timeout_at(
+        tokio::time::timeout_at(
             tokio::time::Instant::from_std(deadline + DEADLINE_GRACE),
             run,
         )
-        .await;
-        let memory_refused = store.data().limiter.refused();
-        let peak_memory_bytes = store.data().limiter.used() as u64;
-        caps.gate.call_finished(|| CallStats {
-            duration: started.elapsed(),
-            peak_memory_bytes,
-        });
-        // The instance goes with the store, whatever happened.
-        drop(store);
-        self.log_output(&stdout, &stderr);
+        .await
+    }
 
-        let failure = match outcome {
-            Ok(Ok(reply)) => return Ok(reply),
-            Err(_elapsed) => return Err(CallError::Timeout(timeout)),
-            Ok(Err(failure)) => failure,
-        };
+    /// What a failed call's error was: its deadline, a budget, memory, an exit, a trap,
+    /// or no instance at all. Budgets detected here are counted here.
+    fn classify(
+        &self,
+        budgets: &BudgetCounters,
+        failure: Failure,
+        memory_refused: bool,
+        stderr: &TailCapture,
+    ) -> CallError {
+        let limits = &self.inner.spec.limits;
         let (error, instantiating) = match failure {
             Failure::Instantiate(e) => (e, true),
             Failure::Call(e) => (e, false),
         };
-        let budgets = &caps.budgets;
-        let err = if error.downcast_ref::<DeadlineExceeded>().is_some() {
-            CallError::Timeout(timeout)
+        if error.downcast_ref::<DeadlineExceeded>().is_some() {
+            CallError::Timeout(limits.call_timeout())
         } else if let Some(over) = error.downcast_ref::<BudgetExceeded>() {
             // Counted where it was detected.
             CallError::Budget(*over)
@@ -411,14 +427,7 @@ impl Provider {
                 message: error_chain(&error),
                 stderr: stderr.text(),
             }
-        };
-        let err = self.text().call_error(err);
-        tracing::warn!(
-            provider = %inner.spec.name,
-            error = %escape_line(&err.to_string(), LOGGED_ERROR_BYTES),
-            "provider call failed"
-        );
-        Err(err)
+        }
     }
 
     fn log_output(&self, stdout: &TailCapture, stderr: &TailCapture) {

@@ -1,14 +1,15 @@
 //! The capability report: what a provider says it needs (`describe`, contract 0.2.0)
 //! against what its spec grants and configures. Least privilege made visible: what is
 //! wanted but not granted fails at the first call that needs it, and what is granted
-//! but never wanted is privilege to take back. A pure function of its inputs.
+//! but never wanted is privilege to take back. A pure function of its inputs; each
+//! capability module makes its own part of it (`crate::caps::capability::Capability::report`).
 
 use std::fmt;
 
 use serde::Serialize;
-use url::Url;
 
-use crate::caps::http::grant::HttpTarget;
+use crate::caps;
+use crate::caps::capability::{Declared, Findings};
 use crate::domain::ProviderInfo;
 use crate::grants::ProviderSpec;
 
@@ -29,100 +30,25 @@ pub struct CapabilityReport {
 }
 
 impl CapabilityReport {
-    /// Compares `info` (none: not declared) with `spec`'s grants and configuration.
+    /// Compares `info` (none: not declared) with `spec`'s grants and configuration:
+    /// each registered capability adds its own findings.
     pub fn new(info: Option<&ProviderInfo>, spec: &ProviderSpec) -> CapabilityReport {
         let Some(info) = info else {
             return CapabilityReport::default();
         };
-        let grants = &spec.grants;
-        let wanted = &info.capabilities;
-        let mut report = CapabilityReport {
-            declared: true,
-            ..CapabilityReport::default()
+        let declared = Declared {
+            info,
+            config: &spec.config,
         };
-
-        let mut used_http = vec![false; grants.http.len()];
-        for pattern in &wanted.http {
-            let url = match resolve(pattern, spec) {
-                Ok(url) => url,
-                Err(why) => {
-                    report
-                        .wanted_not_granted
-                        .push(format!("http {pattern}: {why}"));
-                    continue;
-                }
-            };
-            match grants.http.iter().position(|g| g.allows(&url)) {
-                Some(i) => used_http[i] = true,
-                None => report
-                    .wanted_not_granted
-                    .push(format!("http {} ({pattern})", HttpTarget::describe(&url))),
-            }
+        let mut findings = Findings::default();
+        caps::report(&spec.grants, &declared, &mut findings);
+        CapabilityReport {
+            declared: true,
+            wanted_not_granted: findings.wanted_not_granted,
+            granted_not_wanted: findings.granted_not_wanted,
+            unknown_config: findings.unknown_config,
+            missing_config: findings.missing_config,
         }
-        for (g, used) in grants.http.iter().zip(used_http) {
-            if !used {
-                report.granted_not_wanted.push(format!("http {}", g.url));
-            }
-        }
-
-        for key in &wanted.secret_keys {
-            if !grants.secret.as_ref().is_some_and(|s| s.allows(key)) {
-                report.wanted_not_granted.push(format!("secret key {key}"));
-            }
-        }
-        if let Some(secret) = &grants.secret {
-            for key in &secret.keys {
-                if !wanted.secret_keys.contains(key) {
-                    report.granted_not_wanted.push(format!(
-                        "secret key {key} (of {}/{})",
-                        secret.namespace, secret.name
-                    ));
-                }
-            }
-        }
-
-        // A kind wanted only with some configuration key is not wanted without it.
-        let lookups: Vec<_> = wanted
-            .lookup
-            .iter()
-            .filter(|l| {
-                l.when_config
-                    .as_ref()
-                    .is_none_or(|k| spec.config.contains_key(k))
-            })
-            .collect();
-        for l in &lookups {
-            if !grants.allows_lookup(&l.api_version, &l.kind) {
-                report
-                    .wanted_not_granted
-                    .push(format!("lookup {} {}", l.api_version, l.kind));
-            }
-        }
-        for g in &grants.lookup {
-            if !lookups.iter().any(|l| g.allows(&l.api_version, &l.kind)) {
-                report
-                    .granted_not_wanted
-                    .push(format!("lookup {} {}", g.api_version, g.kind));
-            }
-        }
-
-        match (wanted.clocks, grants.wasi.clocks) {
-            (true, false) => report.wanted_not_granted.push("clocks".into()),
-            (false, true) => report.granted_not_wanted.push("clocks".into()),
-            _ => {}
-        }
-
-        for key in spec.config.keys() {
-            if !info.config.iter().any(|k| &k.name == key) {
-                report.unknown_config.push(key.clone());
-            }
-        }
-        for key in &info.config {
-            if key.required && !spec.config.contains_key(&key.name) {
-                report.missing_config.push(key.name.clone());
-            }
-        }
-        report
     }
 
     /// Nothing wanted is missing and nothing granted is unused.
@@ -132,31 +58,6 @@ impl CapabilityReport {
             && self.unknown_config.is_empty()
             && self.missing_config.is_empty()
     }
-}
-
-/// The URL an HTTP pattern names: an origin, or `${key}` (optionally followed by a
-/// path) for the URL in configuration key `key` (`https://` when it has no scheme).
-fn resolve(pattern: &str, spec: &ProviderSpec) -> Result<Url, String> {
-    let text = match pattern.strip_prefix("${") {
-        Some(rest) => {
-            let Some((key, tail)) = rest.split_once('}') else {
-                return Err("unterminated `${`".into());
-            };
-            let Some(base) = spec.config.get(key) else {
-                return Err(format!("configuration key `{key}` is not set"));
-            };
-            let base = base.trim().trim_end_matches('/');
-            // A value without a scheme (`host:port/`) is read as HTTPS, the convention
-            // of fabric endpoints.
-            if base.contains("://") {
-                format!("{base}{tail}")
-            } else {
-                format!("https://{base}{tail}")
-            }
-        }
-        None => pattern.to_string(),
-    };
-    Url::parse(&text).map_err(|e| format!("`{text}` is not a URL: {e}"))
 }
 
 impl fmt::Display for CapabilityReport {

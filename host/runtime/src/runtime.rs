@@ -1,7 +1,7 @@
 //! Loading providers: compiling components once, checking them against the contract and
 //! the pool, and wiring each provider's capabilities.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
@@ -13,12 +13,9 @@ use crate::base::error_chain;
 use crate::budget::BudgetCounters;
 use crate::cache;
 use crate::call::ProviderCaps;
-use crate::caps::http::{Http, egress::HttpEgress};
-use crate::caps::log::Log;
-use crate::caps::lookup::Lookup;
+use crate::caps::Capabilities;
+use crate::caps::capability::{Load, SetupError};
 use crate::caps::reads::ReadLimiter;
-use crate::caps::secrets::Secrets;
-use crate::caps::state::StateStore;
 use crate::cluster::ClusterReader;
 use crate::domain::ProviderInfo;
 use crate::engine::{EngineError, EngineShared, RuntimeOptions};
@@ -280,50 +277,36 @@ impl Runtime {
         observer: Option<Arc<dyn CapabilityObserver>>,
     ) -> Result<ProviderCaps, LoadError> {
         let limits = &spec.limits;
-        let mut gate = Gate::new(spec.name.clone(), Arc::new(spec.grants.clone()));
+        let mut gate = Gate::new(spec.name.clone());
         if let Some(observer) = observer {
             gate = gate.with_observer(observer);
         }
         let gate = Arc::new(gate);
         let budgets = Arc::new(BudgetCounters::default());
-        let egress = HttpEgress::new(&spec.grants.http, gate.clone(), limits.max_response_bytes)
-            .map_err(LoadError::Http)?;
-        let state_bytes = usize::try_from(limits.state_bytes)
-            .map_err(|_| LoadError::Limits("state_bytes does not fit this platform".into()))?;
-        let config: BTreeMap<String, String> = spec.config.clone();
+        let shared = &self.inner.shared;
+        let load = Load {
+            provider: &spec.name,
+            config: &spec.config,
+            limits,
+            gate: &gate,
+            budgets: &budgets,
+            cluster: &cluster,
+            clock: &shared.clock,
+            guest_output_bytes: shared.options.guest_output_bytes,
+        };
+        let caps = Capabilities::load(&spec.grants, &load).map_err(|e| match e {
+            SetupError::Limits(m) => LoadError::Limits(m),
+            SetupError::Client(m) => LoadError::Http(m),
+        })?;
         Ok(ProviderCaps {
-            config: Arc::new(config),
-            http: Arc::new(Http {
-                egress,
-                gate: gate.clone(),
-            }),
-            secrets: Arc::new(Secrets {
-                gate: gate.clone(),
-                cluster: cluster.clone(),
-            }),
-            lookup: Arc::new(Lookup {
-                gate: gate.clone(),
-                cluster,
-            }),
             reads: Arc::new(ReadLimiter::new(
                 limits.cluster_reads_per_call,
                 limits.cluster_reads_per_second,
                 budgets.clone(),
             )),
-            log: Arc::new(Log::new(
-                spec.name.clone(),
-                gate.clone(),
-                budgets.clone(),
-                limits,
-            )),
-            state: Arc::new(StateStore::new(
-                state_bytes,
-                limits.state_entries as usize,
-                self.inner.shared.clock.clone(),
-                budgets.clone(),
-            )),
             gate,
             budgets,
+            caps,
         })
     }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::grants::{LookupGrant, SecretGrant, WasiGrant};
 use cro_runtime::{
@@ -63,32 +64,35 @@ fn secret_spec(key: &str, keys: &[&str]) -> ProviderSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_granted_and_denied() {
     let granted = load_with(&secret_spec("username", &["username"]), cluster()).await;
-    assert_eq!(granted.add_resource(&gpu("a")).await, ok("admin", "secret"));
+    assert_eq!(
+        granted.add(&AddRequest::new(gpu("a"))).await,
+        ok("admin", "secret")
+    );
 
     let other_key = load_with(&secret_spec("password", &["username"]), cluster()).await;
     assert_eq!(
-        other_key.add_resource(&gpu("a")).await,
+        other_key.add(&AddRequest::new(gpu("a"))).await,
         denied("no secret grant for key `password` of cro-system/credentials")
     );
     assert_eq!(other_key.denials().secret, 1);
 
     let none = load_with(&spec("secret", &[("key", "password")]), cluster()).await;
     assert_eq!(
-        none.add_resource(&gpu("a")).await,
+        none.add(&AddRequest::new(gpu("a"))).await,
         denied("no secret grant (the provider asked for key `password`)")
     );
 
     // Granted but absent, or not text.
     let absent = load_with(&secret_spec("realm", &["realm"]), cluster()).await;
     assert_eq!(
-        absent.add_resource(&gpu("a")).await,
+        absent.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::NotFound(
             "key `realm` is not in Secret cro-system/credentials".into()
         )))
     );
     let binary = load_with(&secret_spec("binary", &["binary"]), cluster()).await;
     assert!(matches!(
-        binary.add_resource(&gpu("a")).await,
+        binary.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::Other(m))) if m.contains("not UTF-8")
     ));
     let no_secret = load_with(
@@ -97,7 +101,7 @@ async fn secrets_granted_and_denied() {
     )
     .await;
     assert_eq!(
-        no_secret.add_resource(&gpu("a")).await,
+        no_secret.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::NotFound(
             "Secret cro-system/credentials not found".into()
         )))
@@ -131,12 +135,12 @@ async fn lookups_granted_and_denied() {
         cluster(),
     )
     .await;
-    let got = attached_json(p.add_resource(&gpu("a")).await);
+    let got = attached_json(p.add(&AddRequest::new(gpu("a"))).await);
     assert_eq!(got[0]["metadata"]["name"], "worker-1");
     assert_eq!(got[0]["kind"], "Node");
 
     let p = load_with(&lookup_spec(&[("what", "nodes")], &node), cluster()).await;
-    let names: Vec<_> = attached_json(p.add_resource(&gpu("a")).await)
+    let names: Vec<_> = attached_json(p.add(&AddRequest::new(gpu("a"))).await)
         .iter()
         .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
         .collect();
@@ -148,7 +152,7 @@ async fn lookups_granted_and_denied() {
     )
     .await;
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::NotFound(
             "v1 Node worker-9 not found".into()
         )))
@@ -161,7 +165,7 @@ async fn lookups_granted_and_denied() {
         )
         .await;
         assert_eq!(
-            p.add_resource(&gpu("a")).await,
+            p.add(&AddRequest::new(gpu("a"))).await,
             denied("no lookup grant for v1 Node")
         );
         assert_eq!(p.denials().lookup, 1);
@@ -179,13 +183,13 @@ async fn lookups_granted_and_denied() {
         cluster(),
     )
     .await;
-    let got = attached_json(p.add_resource(&gpu("a")).await);
+    let got = attached_json(p.add(&AddRequest::new(gpu("a"))).await);
     assert_eq!(got[0]["spec"]["bootMACAddress"], "00:11:22:33:44:55");
 
     // Granting Node does not grant BareMetalHost.
     let p = load_with(&lookup_spec(&bmh, &node), cluster()).await;
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         denied("no lookup grant for metal3.io/v1alpha1 BareMetalHost")
     );
 }
@@ -199,11 +203,14 @@ async fn config_serves_the_providers_own_values() {
     .await;
     // mode, key, endpoint
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         ok("https://fabric|3", "config")
     );
     let p = load(&spec("config", &[("key", "missing")])).await;
-    assert_eq!(p.add_resource(&gpu("a")).await, ok("<none>|2", "config"));
+    assert_eq!(
+        p.add(&AddRequest::new(gpu("a"))).await,
+        ok("<none>|2", "config")
+    );
 }
 
 /// A `MakeWriter` into a shared buffer.
@@ -241,12 +248,12 @@ async fn logs_and_denials_reach_tracing_with_the_providers_name() {
     let mut logging = spec("log", &[("message", "hello from the guest")]);
     logging.name = "vendor-x".into();
     let p = load(&logging).await;
-    assert_eq!(p.add_resource(&gpu("a")).await, ok("logged", "log"));
+    assert_eq!(p.add(&AddRequest::new(gpu("a"))).await, ok("logged", "log"));
 
     let mut nosy = secret_spec("password", &["username"]);
     nosy.name = "vendor-y".into();
     let p = load_with(&nosy, cluster()).await;
-    assert!(p.add_resource(&gpu("a")).await.is_err());
+    assert!(p.add(&AddRequest::new(gpu("a"))).await.is_err());
 
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let guest_lines: Vec<&str> = text
@@ -277,12 +284,15 @@ async fn state_is_bounded() {
     let mut small = spec("state", &[("bytes", "100")]);
     small.limits.state_bytes = 1024;
     let p = load(&small).await;
-    assert_eq!(p.add_resource(&gpu("a")).await, ok("stored", "state"));
+    assert_eq!(
+        p.add(&AddRequest::new(gpu("a"))).await,
+        ok("stored", "state")
+    );
     let mut big = small.clone();
     big.config.insert("bytes".into(), "2000".into());
     let p_big = load(&big).await;
     assert_eq!(
-        p_big.add_resource(&gpu("a")).await,
+        p_big.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::Other(
             "state refused the value".into()
         )))
@@ -290,7 +300,7 @@ async fn state_is_bounded() {
     // No state at all when the limit is zero.
     small.limits.state_bytes = 0;
     let p = load(&small).await;
-    assert!(p.add_resource(&gpu("a")).await.is_err());
+    assert!(p.add(&AddRequest::new(gpu("a"))).await.is_err());
 }
 
 /// A runtime whose wall clock the test moves.
@@ -319,14 +329,23 @@ async fn state_survives_calls_and_expires_on_the_runtimes_clock() {
         .await
         .unwrap();
     let get = in_mode("get", "state;op=get");
-    assert!(p.get_resources().await.is_ok());
-    assert_eq!(p.add_resource(&gpu("set")).await, ok("stored", "state"));
-    assert_eq!(p.add_resource(&get).await, ok("32", "state"));
+    assert!(p.list(&[]).await.is_ok());
+    assert_eq!(
+        p.add(&AddRequest::new(gpu("set"))).await,
+        ok("stored", "state")
+    );
+    assert_eq!(
+        p.add(&AddRequest::new(get.clone())).await,
+        ok("32", "state")
+    );
     now.fetch_add(59, Ordering::SeqCst);
-    assert_eq!(p.add_resource(&get).await, ok("32", "state"));
+    assert_eq!(
+        p.add(&AddRequest::new(get.clone())).await,
+        ok("32", "state")
+    );
     now.fetch_add(2, Ordering::SeqCst);
     assert_eq!(
-        p.add_resource(&get).await,
+        p.add(&AddRequest::new(get.clone())).await,
         Err(CallError::Provider(ProviderError::NotFound(
             "state key token is absent".into()
         )))
@@ -336,7 +355,7 @@ async fn state_survives_calls_and_expires_on_the_runtimes_clock() {
         .load(&set, Arc::new(StaticCluster::new()))
         .await
         .unwrap();
-    assert!(q.add_resource(&get).await.is_err());
+    assert!(q.add(&AddRequest::new(get.clone())).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,24 +366,27 @@ async fn wasi_clock_only_when_granted() {
         .load(&spec("wasi-clock", &[]), cluster.clone())
         .await
         .unwrap();
-    assert_eq!(frozen.add_resource(&gpu("a")).await, ok("0", "wasi-clock"));
+    assert_eq!(
+        frozen.add(&AddRequest::new(gpu("a"))).await,
+        ok("0", "wasi-clock")
+    );
 
     let mut granted = spec("wasi-clock", &[]);
     granted.grants.wasi = WasiGrant { clocks: true };
     let p = runtime.load(&granted, cluster.clone()).await.unwrap();
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         ok("1700000000", "wasi-clock")
     );
     now.fetch_add(3600, Ordering::SeqCst);
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         ok("1700003600", "wasi-clock")
     );
 
     // Without an injected clock a granted clock is the system's.
     let p = load(&granted).await;
-    let Ok(AddOutcome::Attached(d)) = p.add_resource(&gpu("a")).await else {
+    let Ok(AddOutcome::Attached(d)) = p.add(&AddRequest::new(gpu("a"))).await else {
         panic!()
     };
     let guest: u64 = d.device_id.parse().unwrap();
@@ -385,7 +407,7 @@ fn denied_report(out: Result<AddOutcome, CallError>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_files() {
     let p = load(&spec("wasi-fs", &[])).await;
-    let report = denied_report(p.add_resource(&gpu("a")).await);
+    let report = denied_report(p.add(&AddRequest::new(gpu("a"))).await);
     assert!(report.contains("read /etc/passwd: Err"), "{report}");
     assert!(report.contains("list /: Err"), "{report}");
     assert!(report.contains("create /tmp/cro-testkit: Err"), "{report}");
@@ -400,7 +422,7 @@ async fn no_environment_or_arguments() {
     );
     let p = load(&spec("wasi-env", &[])).await;
     assert_eq!(
-        p.add_resource(&gpu("a")).await,
+        p.add(&AddRequest::new(gpu("a"))).await,
         ok("vars=0 args=0", "wasi-env")
     );
 }
@@ -411,7 +433,7 @@ async fn no_sockets() {
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let p = load(&spec("wasi-socket", &[("addr", &addr)])).await;
-    let report = denied_report(p.add_resource(&gpu("a")).await);
+    let report = denied_report(p.add(&AddRequest::new(gpu("a"))).await);
     assert!(report.contains(&format!("tcp {addr}: Err")), "{report}");
     assert!(report.contains("udp bind: Err"), "{report}");
     assert!(report.contains("dns: Err"), "{report}");
@@ -453,7 +475,7 @@ async fn a_log_loop_is_stopped_at_its_budget() {
     looping.name = "chatty".into();
     let limits = looping.limits;
     let p = load(&looping).await;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(
         out,
         Err(CallError::Budget(BudgetExceeded {
@@ -478,7 +500,7 @@ async fn a_log_loop_is_stopped_at_its_budget() {
 
     // Tiny lines: the line budget stops it.
     let p = load(&spec("log-loop", &[("size", "1")])).await;
-    let out = p.add_resource(&gpu("b")).await;
+    let out = p.add(&AddRequest::new(gpu("b"))).await;
     assert_eq!(
         out,
         Err(CallError::Budget(BudgetExceeded {
@@ -500,7 +522,7 @@ async fn the_log_rate_across_calls_is_bounded() {
     // Ten calls of 50 lines each: each within its own budget, 500 lines in all.
     let calls = async {
         for i in 0..10 {
-            assert!(p.add_resource(&gpu(&format!("r{i}"))).await.is_ok());
+            assert!(p.add(&AddRequest::new(gpu(&format!("r{i}")))).await.is_ok());
         }
     };
     beside_a_good_provider(calls).await;
@@ -524,7 +546,7 @@ async fn a_newline_in_a_log_message_cannot_forge_a_line() {
     let mut logging = spec("log", &[("message", forged)]);
     logging.name = "forger".into();
     let p = load(&logging).await;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(out, ok("logged", "log"));
     let text = captured.text();
     for line in text.lines() {
@@ -552,7 +574,7 @@ async fn megabyte_names_of_ungranted_things_make_short_denials() {
     nosy.name = "nosy".into();
     nosy.grants.lookup = vec![LookupGrant::new("v1", "Node")];
     let p = load(&nosy).await;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     let Err(CallError::Provider(ProviderError::Denied(denials))) = &out else {
         panic!("{out:?}")
     };
@@ -582,12 +604,12 @@ fn read_spec(what: &str, count: &str) -> ProviderSpec {
 async fn secrets_read_in_a_loop_cost_one_api_read() {
     let cluster = Counting::new(cluster());
     let p = load_with(&read_spec("secret", "20000"), cluster.clone()).await;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(out, ok("20000 reads", "read-loop"));
     assert_eq!(cluster.reads(), 1, "one Secret read for 20,000 keys");
     // The next call reads it afresh (a rotated password is seen).
     assert_eq!(
-        p.add_resource(&gpu("b")).await,
+        p.add(&AddRequest::new(gpu("b"))).await,
         ok("20000 reads", "read-loop")
     );
     assert_eq!(cluster.reads(), 2);
@@ -601,7 +623,7 @@ async fn node_reads_in_a_loop_are_stopped_at_the_call_budget() {
         spec.limits.cluster_reads_per_call = 40;
         spec.limits.cluster_reads_per_second = 1000;
         let p = load_with(&spec, cluster.clone()).await;
-        let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+        let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
         assert_eq!(
             out,
             Err(CallError::Budget(BudgetExceeded {
@@ -622,7 +644,7 @@ async fn cluster_reads_are_rate_limited_per_provider() {
     spec.limits.call_timeout_ms = 1500;
     spec.limits.cluster_reads_per_second = 10;
     let p = load_with(&spec, cluster.clone()).await;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(out, Err(CallError::Timeout(Duration::from_millis(1500))));
     // A burst of 20, then 10 a second for 1.5 s: never 20,000.
     let reads = cluster.reads();
@@ -654,7 +676,7 @@ async fn lookup_names_must_be_kubernetes_names() {
                 config.push(("namespace", ns));
             }
             let p = load_with(&lookup_spec(&config, &grants), cluster.clone()).await;
-            let out = p.add_resource(&gpu("a")).await;
+            let out = p.add(&AddRequest::new(gpu("a"))).await;
             let Err(CallError::Provider(ProviderError::Denied(m))) = &out else {
                 panic!("{name}: {out:?}")
             };
@@ -670,7 +692,7 @@ async fn lookup_names_must_be_kubernetes_names() {
         cluster.clone(),
     )
     .await;
-    assert!(p.add_resource(&gpu("a")).await.is_ok());
+    assert!(p.add(&AddRequest::new(gpu("a"))).await.is_ok());
     assert_eq!(cluster.reads(), 1);
 }
 
@@ -678,7 +700,7 @@ async fn lookup_names_must_be_kubernetes_names() {
 async fn tiny_state_entries_are_charged_and_capped() {
     let p = load(&spec("state-fill", &[])).await;
     let limits = p.spec().limits;
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     let (entries, charged) = p.state_usage();
     assert_eq!(out, ok(&format!("{entries} entries"), "state-fill"));
     // 64 KiB of state holds at most a few hundred tiny entries, each charged its

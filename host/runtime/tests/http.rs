@@ -13,6 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::grants::HttpGrant;
 use cro_runtime::{AddOutcome, AttachedDevice, CallError, ProviderError, ProviderSpec};
 
@@ -94,7 +95,7 @@ async fn granted_endpoint_is_reached() {
     ))
     .await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
         reply("200 hello")
     );
 
@@ -105,7 +106,7 @@ async fn granted_endpoint_is_reached() {
     );
     let provider = load(&post).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
         reply("200 echo:ping")
     );
     assert_eq!(provider.denials().total(), 0);
@@ -122,7 +123,7 @@ async fn ungranted_endpoint_is_denied_before_any_connection() {
         &[],
     ))
     .await;
-    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let err = provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
     assert_eq!(
         err,
         CallError::Provider(ProviderError::Denied(format!(
@@ -140,7 +141,7 @@ async fn ungranted_endpoint_is_denied_before_any_connection() {
     let provider = load(&http_spec(&format!("http://{addr}/"), None, &[])).await;
     assert!(
         provider
-            .add_resource(&gpu("a"))
+            .add(&AddRequest::new(gpu("a")))
             .await
             .unwrap_err()
             .denied()
@@ -155,14 +156,14 @@ async fn redirects_are_followed_only_to_granted_targets() {
     let grant = format!("http://{addr}");
     let provider = load(&http_spec(&format!("http://{addr}/hop"), Some(&grant), &[])).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
         reply("200 hello")
     );
 
     let (evil, hits) = elsewhere().await;
     let url = format!("http://{addr}/out?to=http://{evil}/exfiltrate");
     let provider = load(&http_spec(&url, Some(&grant), &[])).await;
-    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let err = provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
     let denied = err.denied().unwrap_or_else(|| panic!("{err:?}"));
     assert!(
         denied.starts_with(&format!("no http grant for http://{evil}")),
@@ -184,7 +185,7 @@ async fn reply_bodies_are_capped() {
     spec.limits.max_response_bytes = 1 << 20;
     let provider = load(&spec).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err(),
         CallError::Provider(ProviderError::MalformedReply(format!(
             "reply too large: {}",
             1 << 20
@@ -192,7 +193,7 @@ async fn reply_bodies_are_capped() {
     );
     spec.limits.max_response_bytes = 4 << 20;
     let provider = load(&spec).await;
-    assert!(provider.add_resource(&gpu("a")).await.is_ok());
+    assert!(provider.add(&AddRequest::new(gpu("a"))).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +205,7 @@ async fn the_guests_own_timeout_is_an_http_error() {
         &[("timeout_ms", "200")],
     );
     let provider = load(&spec).await;
-    let (out, took) = timed(provider.add_resource(&gpu("a"))).await;
+    let (out, took) = timed(provider.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(
         out,
         Err(CallError::Provider(ProviderError::Unavailable(
@@ -227,10 +228,10 @@ async fn the_call_deadline_covers_time_spent_in_host_io() {
     spec.limits.call_timeout_ms = 1000;
     let provider = load(&spec).await;
     let good = load(&common::spec("fake", &[])).await;
-    let a = gpu("a");
-    let (slow, fast) = tokio::join!(timed(provider.add_resource(&a)), async {
+    let a = AddRequest::new(gpu("a"));
+    let (slow, fast) = tokio::join!(timed(provider.add(&a)), async {
         // Other calls are served while the slow one waits on the network.
-        good.add_resource(&gpu("g")).await
+        good.add(&AddRequest::new(gpu("g"))).await
     });
     let (out, took) = slow;
     assert_eq!(out, Err(CallError::Timeout(Duration::from_millis(1000))));
@@ -247,7 +248,7 @@ async fn the_call_deadline_covers_time_spent_in_host_io() {
     );
     let provider = load(&hello).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
         reply("200 hello")
     );
 }
@@ -256,14 +257,14 @@ async fn the_call_deadline_covers_time_spent_in_host_io() {
 async fn only_http_and_https_urls() {
     let provider = load(&http_spec("file:///etc/passwd", None, &[])).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err(),
         CallError::Provider(ProviderError::Config(
             "`file`: only http and https URLs".into()
         ))
     );
     let provider = load(&http_spec("not a url", None, &[])).await;
     assert!(matches!(
-        provider.add_resource(&gpu("a")).await.unwrap_err(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err(),
         CallError::Provider(ProviderError::Config(_))
     ));
     assert_eq!(provider.denials().total(), 0);
@@ -283,14 +284,14 @@ async fn https_trusts_a_granted_ca_and_nothing_else() {
     });
     let provider = load(&trusted).await;
     assert_eq!(
-        provider.add_resource(&gpu("a")).await.unwrap(),
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
         reply("200 secure")
     );
 
     // Granted the endpoint but not its CA: the TLS handshake fails, typed as such.
     let untrusted = http_spec(&url, Some(&format!("https://{addr}")), &[]);
     let provider = load(&untrusted).await;
-    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let err = provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
     let CallError::Provider(ProviderError::Unavailable(message)) = &err else {
         panic!("{err:?}")
     };
@@ -322,7 +323,7 @@ async fn a_dropped_connection_is_a_connect_error() {
         &[],
     );
     let provider = load(&spec).await;
-    match provider.add_resource(&gpu("a")).await {
+    match provider.add(&AddRequest::new(gpu("a"))).await {
         Err(CallError::Provider(ProviderError::Unavailable(m))) => {
             assert!(m.starts_with("connect"), "{m}")
         }
@@ -366,7 +367,7 @@ async fn framing_and_routing_headers_never_go_on_the_wire() {
     let tries = async {
         for header in refused {
             let p = load(&http_spec(&url, Some(&grant), &[("headers", header)])).await;
-            let out = p.add_resource(&gpu("a")).await;
+            let out = p.add(&AddRequest::new(gpu("a"))).await;
             let Err(CallError::Provider(ProviderError::Denied(m))) = &out else {
                 panic!("{header}: {out:?}")
             };
@@ -390,6 +391,9 @@ async fn framing_and_routing_headers_never_go_on_the_wire() {
         )],
     ))
     .await;
-    assert_eq!(p.add_resource(&gpu("a")).await.unwrap(), reply("200 ok"));
+    assert_eq!(
+        p.add(&AddRequest::new(gpu("a"))).await.unwrap(),
+        reply("200 ok")
+    );
     assert_eq!(*seen.lock().unwrap(), vec![addr.to_string()]);
 }

@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::cluster::{ClusterError, ClusterReader, KubeCluster};
 use cro_runtime::grants::{LookupGrant, SecretGrant};
 use cro_runtime::{AddOutcome, CallError, ProviderError};
@@ -149,7 +150,7 @@ async fn kube_cluster_reads_a_real_api_server() {
         .load(&lookup, Arc::new(cluster.clone()))
         .await
         .unwrap();
-    let Ok(AddOutcome::Attached(d)) = provider.add_resource(&gpu("a")).await else {
+    let Ok(AddOutcome::Attached(d)) = provider.add(&AddRequest::new(gpu("a"))).await else {
         panic!()
     };
     assert_eq!(d.device_id.lines().count(), 2);
@@ -164,14 +165,14 @@ async fn kube_cluster_reads_a_real_api_server() {
         .load(&secret, Arc::new(cluster.clone()))
         .await
         .unwrap();
-    let Ok(AddOutcome::Attached(d)) = provider.add_resource(&gpu("a")).await else {
+    let Ok(AddOutcome::Attached(d)) = provider.add(&AddRequest::new(gpu("a"))).await else {
         panic!()
     };
     assert_eq!(d.device_id, "hunter2");
     secret.config.insert("key".into(), "username".into());
     let provider = runtime().load(&secret, Arc::new(cluster)).await.unwrap();
     assert!(matches!(
-        provider.add_resource(&gpu("a")).await,
+        provider.add(&AddRequest::new(gpu("a"))).await,
         Err(CallError::Provider(ProviderError::Denied(_)))
     ));
 }

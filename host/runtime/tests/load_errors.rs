@@ -7,6 +7,7 @@ mod component_cache;
 use std::sync::Arc;
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{InspectError, LoadError, ProviderSpec};
 
@@ -243,10 +244,10 @@ async fn both_served_versions_load_side_by_side_with_their_reports() {
     // Both answer calls in the same runtime; the new one is refused its HTTP.
     let gpu = common::gpu("gpu-a");
     assert!(matches!(
-        old.add_resource(&gpu).await,
+        old.add(&AddRequest::new(gpu.clone())).await,
         Ok(cro_runtime::AddOutcome::Attached(_))
     ));
-    let err = new.add_resource(&gpu).await.unwrap_err();
+    let err = new.add(&AddRequest::new(gpu.clone())).await.unwrap_err();
     assert!(
         matches!(err, cro_runtime::CallError::Provider(_)),
         "{err:?}"

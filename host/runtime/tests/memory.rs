@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::{AddOutcome, CallError};
 
 const LIMIT: u64 = 64 << 20;
@@ -19,19 +20,19 @@ async fn the_memory_bomb_looped_does_not_grow_the_process() {
 
     // Warm up: code, pool slots and allocator arenas get touched once.
     for _ in 0..3 {
-        let err = bomb.add_resource(&gpu("b")).await.unwrap_err();
+        let err = bomb.add(&AddRequest::new(gpu("b"))).await.unwrap_err();
         assert_eq!(err, CallError::OutOfMemory { limit_bytes: LIMIT });
     }
     let before = rss_bytes();
     let mut peak = before;
     for round in 0..ROUNDS {
-        let err = bomb.add_resource(&gpu("b")).await.unwrap_err();
+        let err = bomb.add(&AddRequest::new(gpu("b"))).await.unwrap_err();
         assert_eq!(
             err,
             CallError::OutOfMemory { limit_bytes: LIMIT },
             "round {round}"
         );
-        let out = good.add_resource(&gpu(&format!("g{round}"))).await;
+        let out = good.add(&AddRequest::new(gpu(&format!("g{round}")))).await;
         assert!(matches!(out, Ok(AddOutcome::Attached(_))), "{out:?}");
         peak = peak.max(rss_bytes());
     }
@@ -91,7 +92,7 @@ async fn several_memories_share_one_budget() {
             }
         })
     };
-    let (out, served) = beside_a_good_provider(hog.add_resource(&gpu("h"))).await;
+    let (out, served) = beside_a_good_provider(hog.add(&AddRequest::new(gpu("h")))).await;
     done.store(true, Ordering::SeqCst);
     sampler.join().unwrap();
     assert_eq!(out, Err(CallError::OutOfMemory { limit_bytes: CAP }));

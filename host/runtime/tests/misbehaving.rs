@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::{AddOutcome, CallError, Provider, ProviderSpec};
 
 const DEADLINE: Duration = Duration::from_millis(1500);
@@ -27,7 +28,7 @@ fn keep_serving(provider: Provider, stop: Arc<AtomicBool>) -> tokio::task::JoinH
         while !stop.load(Ordering::SeqCst) {
             i += 1;
             let r = gpu(&format!("good-{i}"));
-            let out = provider.add_resource(&r).await;
+            let out = provider.add(&AddRequest::new(r.clone())).await;
             assert!(matches!(out, Ok(AddOutcome::Attached(_))), "{out:?}");
             provider.check_resource(&r).await.unwrap();
             served.fetch_add(1, Ordering::SeqCst);
@@ -45,14 +46,14 @@ async fn each_misbehaviour_gets_its_own_error_while_others_are_served() {
     let elsewhere = keep_serving(other.clone(), stop.clone());
 
     let (spin, trap, bomb) = (
-        in_mode("spin", "loop"),
-        in_mode("trap", "trap"),
-        in_mode("bomb", "membomb"),
+        AddRequest::new(in_mode("spin", "loop")),
+        AddRequest::new(in_mode("trap", "trap")),
+        AddRequest::new(in_mode("bomb", "membomb")),
     );
     let (spin, trap, bomb) = tokio::join!(
-        timed(provider.add_resource(&spin)),
-        timed(provider.add_resource(&trap)),
-        timed(provider.add_resource(&bomb)),
+        timed(provider.add(&spin)),
+        timed(provider.add(&trap)),
+        timed(provider.add(&bomb)),
     );
     stop.store(true, Ordering::SeqCst);
 
@@ -88,8 +89,8 @@ async fn each_misbehaviour_gets_its_own_error_while_others_are_served() {
     );
 
     // And afterwards both providers still work, with the state the good calls left.
-    assert!(provider.get_resources().await.unwrap().len() >= served_same);
-    assert!(other.get_resources().await.unwrap().len() >= served_elsewhere);
+    assert!(provider.list(&[]).await.unwrap().len() >= served_same);
+    assert!(other.list(&[]).await.unwrap().len() >= served_elsewhere);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,8 +102,8 @@ async fn a_trap_or_timeout_does_not_touch_a_concurrent_call_to_the_same_provider
         provider.check_resource(&spin),
         provider.check_resource(&trap),
         async {
-            let first = provider.add_resource(&gpu("g")).await;
-            let second = provider.add_resource(&gpu("g")).await;
+            let first = provider.add(&AddRequest::new(gpu("g"))).await;
+            let second = provider.add(&AddRequest::new(gpu("g"))).await;
             (first, second)
         },
     );
@@ -117,7 +118,7 @@ async fn a_trap_or_timeout_does_not_touch_a_concurrent_call_to_the_same_provider
 async fn misbehaviour_in_every_operation_is_contained() {
     let provider = load(&tight(spec("trap", &[]))).await;
     assert!(matches!(
-        provider.get_resources().await,
+        provider.list(&[]).await,
         Err(CallError::Trap { .. })
     ));
     assert!(matches!(
@@ -132,13 +133,10 @@ async fn misbehaviour_in_every_operation_is_contained() {
         "{exited:?}"
     );
     let spinning = load(&tight(spec("loop", &[]))).await;
-    assert_eq!(
-        spinning.get_resources().await,
-        Err(CallError::Timeout(DEADLINE))
-    );
+    assert_eq!(spinning.list(&[]).await, Err(CallError::Timeout(DEADLINE)));
     // The resource's model overrides the configured mode per call.
     assert!(matches!(
-        provider.add_resource(&in_mode("ok", "fake")).await,
+        provider.add(&AddRequest::new(in_mode("ok", "fake"))).await,
         Ok(AddOutcome::Attached(_))
     ));
 }
@@ -150,7 +148,7 @@ async fn a_flood_of_stderr_is_bounded_and_keeps_the_panic_message() {
         &[("noise_bytes", "2000000"), ("message", "the end")],
     )))
     .await;
-    let err = provider.add_resource(&gpu("a")).await.unwrap_err();
+    let err = provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
     let CallError::Trap { stderr, .. } = &err else {
         panic!("{err:?}")
     };
@@ -167,7 +165,7 @@ async fn more_calls_than_slots_wait_instead_of_failing() {
     let provider = load(&spec).await;
     let calls = (0..12).map(|i| {
         let provider = provider.clone();
-        tokio::spawn(async move { provider.add_resource(&gpu(&format!("r{i}"))).await })
+        tokio::spawn(async move { provider.add(&AddRequest::new(gpu(&format!("r{i}")))).await })
     });
     for call in calls {
         assert!(matches!(call.await.unwrap(), Ok(AddOutcome::Attached(_))));
@@ -177,7 +175,7 @@ async fn more_calls_than_slots_wait_instead_of_failing() {
     let (a, b, c) = tokio::join!(
         provider.check_resource(&s1),
         provider.check_resource(&s2),
-        timed(provider.get_resources()),
+        timed(provider.list(&[])),
     );
     assert_eq!(a, Err(CallError::Timeout(DEADLINE)));
     assert_eq!(b, Err(CallError::Timeout(DEADLINE)));
@@ -200,7 +198,7 @@ async fn a_spinning_guest_does_not_starve_a_single_threaded_runtime() {
         for i in 0..5 {
             let r = gpu(&format!("g{i}"));
             assert!(matches!(
-                provider.add_resource(&r).await,
+                provider.add(&AddRequest::new(r.clone())).await,
                 Ok(AddOutcome::Attached(_))
             ));
             served += 1;
@@ -214,12 +212,12 @@ async fn a_spinning_guest_does_not_starve_a_single_threaded_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_waiting_inside_the_host_is_stopped_at_its_deadline() {
     let provider = load(&tight(spec("sleep", &[]))).await;
-    let (out, took) = timed(provider.add_resource(&gpu("a"))).await;
+    let (out, took) = timed(provider.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(out, Err(CallError::Timeout(DEADLINE)));
     assert!(took >= DEADLINE && took < DEADLINE + SLACK, "{took:?}");
     // A short nap within the deadline is fine.
     let napping = load(&tight(spec("sleep", &[("secs", "0")]))).await;
-    assert!(napping.add_resource(&gpu("a")).await.is_ok());
+    assert!(napping.add(&AddRequest::new(gpu("a"))).await.is_ok());
 }
 
 // ---- Budgets on what a call hands the host.
@@ -235,7 +233,7 @@ async fn many_aliases_of_one_string_passed_to_the_host_are_refused() {
     // data, were it copied.
     let p = load(&tight(spec("alias-send", &[]))).await;
     let limit = p.spec().limits.effective_host_call_bytes();
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(
         out,
         Err(CallError::Budget(BudgetExceeded {
@@ -246,7 +244,7 @@ async fn many_aliases_of_one_string_passed_to_the_host_are_refused() {
     assert_eq!(p.budgets().get(Budget::HostCallBytes), 1);
     // Few aliases are fine (the request itself is then refused: nothing granted).
     let few = load(&tight(spec("alias-send", &[("count", "4")]))).await;
-    let out = few.add_resource(&gpu("a")).await;
+    let out = few.add(&AddRequest::new(gpu("a"))).await;
     assert!(
         matches!(&out, Err(CallError::Provider(ProviderError::Other(m))) if m.contains("Denied")),
         "{out:?}"
@@ -257,7 +255,7 @@ async fn many_aliases_of_one_string_passed_to_the_host_are_refused() {
 async fn many_aliases_of_one_string_returned_to_the_host_are_refused() {
     let p = load(&tight(spec("alias-return", &[]))).await;
     let limit = p.spec().limits.effective_host_call_bytes();
-    let (out, _) = beside_a_good_provider(p.get_resources()).await;
+    let (out, _) = beside_a_good_provider(p.list(&[])).await;
     assert_eq!(
         out,
         Err(CallError::Budget(BudgetExceeded {
@@ -271,7 +269,7 @@ async fn many_aliases_of_one_string_returned_to_the_host_are_refused() {
         &[("count", "2"), ("size", "100000")],
     )))
     .await;
-    let devices: Vec<DeviceInfo> = small.get_resources().await.unwrap();
+    let devices: Vec<DeviceInfo> = small.list(&[]).await.unwrap();
     assert_eq!(devices.len(), 2);
     let max = small.spec().limits.provider_text_bytes as usize;
     assert!(
@@ -288,7 +286,7 @@ async fn a_48_mib_error_message_never_reaches_the_operator_whole() {
     big.limits.memory_bytes = 128 << 20;
     let p = load(&big).await;
     let limit = p.spec().limits.effective_host_call_bytes();
-    let (out, _) = beside_a_good_provider(p.add_resource(&gpu("a"))).await;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
     assert_eq!(
         out,
         Err(CallError::Budget(BudgetExceeded {
@@ -299,7 +297,7 @@ async fn a_48_mib_error_message_never_reaches_the_operator_whole() {
     // Allowed to hand over that much, it is still cut at the runtime boundary.
     big.limits.host_call_bytes = 64 << 20;
     let p = load(&big).await;
-    let out = p.add_resource(&gpu("a")).await;
+    let out = p.add(&AddRequest::new(gpu("a"))).await;
     let Err(CallError::Provider(ProviderError::Other(m))) = &out else {
         panic!("{out:?}")
     };
@@ -358,7 +356,7 @@ async fn provider_text_cannot_forge_a_line_in_the_operators_logs() {
     // An error message and a panic with line breaks in them: both end up in the
     // operator's own log lines and in `status.error`, so they arrive escaped.
     let p = load(&tight(spec("no such mode\nERROR forged line", &[]))).await;
-    let out = p.add_resource(&gpu("a")).await;
+    let out = p.add(&AddRequest::new(gpu("a"))).await;
     let Err(CallError::Provider(cro_runtime::ProviderError::Config(m))) = &out else {
         panic!("{out:?}")
     };
@@ -372,7 +370,7 @@ async fn provider_text_cannot_forge_a_line_in_the_operators_logs() {
         &[("message", "boom\nERROR forged\u{2028}line")],
     )))
     .await;
-    let err = p.add_resource(&gpu("a")).await.unwrap_err();
+    let err = p.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
     assert!(matches!(err, CallError::Trap { .. }), "{err:?}");
     let shown = err.to_string();
     assert!(

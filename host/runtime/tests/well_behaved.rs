@@ -3,16 +3,17 @@
 mod common;
 
 use common::*;
+use cro_runtime::AddRequest;
 use cro_runtime::{AddOutcome, AttachedDevice, CallError, ProviderError, RemoveOutcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_fabric_round_trip() {
     let provider = load(&spec("fake", &[])).await;
     assert_eq!(provider.name(), "testkit");
-    assert_eq!(provider.get_resources().await.unwrap(), vec![]);
+    assert_eq!(provider.list(&[]).await.unwrap(), vec![]);
 
     let a = gpu("gpu-a");
-    let attached = provider.add_resource(&a).await.unwrap();
+    let attached = provider.add(&AddRequest::new(a.clone())).await.unwrap();
     let AddOutcome::Attached(AttachedDevice {
         device_id,
         fabric_device_id,
@@ -25,10 +26,13 @@ async fn fake_fabric_round_trip() {
     assert_eq!(device_id, "GPU-1");
     assert_eq!(fabric_device_id, "fab-1");
     // Idempotent: the same resource gets the same device (state survived the instance).
-    assert_eq!(provider.add_resource(&a).await.unwrap(), attached);
-    provider.add_resource(&gpu("gpu-b")).await.unwrap();
+    assert_eq!(
+        provider.add(&AddRequest::new(a.clone())).await.unwrap(),
+        attached
+    );
+    provider.add(&AddRequest::new(gpu("gpu-b"))).await.unwrap();
 
-    let devices = provider.get_resources().await.unwrap();
+    let devices = provider.list(&[]).await.unwrap();
     assert_eq!(devices.len(), 2);
     assert_eq!(devices[0].node, "worker-0");
     assert_eq!(devices[0].machine_id, "machine-worker-0");
@@ -43,7 +47,7 @@ async fn fake_fabric_round_trip() {
         provider.check_resource(&a).await,
         Err(CallError::Provider(ProviderError::NotFound(_)))
     ));
-    assert_eq!(provider.get_resources().await.unwrap().len(), 1);
+    assert_eq!(provider.list(&[]).await.unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,11 +59,11 @@ async fn in_progress_and_health_are_reported() {
     .await;
     let r = gpu("gpu-x");
     assert_eq!(
-        provider.add_resource(&r).await.unwrap(),
+        provider.add(&AddRequest::new(r.clone())).await.unwrap(),
         AddOutcome::InProgress("attaching".into())
     );
     assert!(matches!(
-        provider.add_resource(&r).await.unwrap(),
+        provider.add(&AddRequest::new(r.clone())).await.unwrap(),
         AddOutcome::Attached(_)
     ));
     assert_eq!(
@@ -74,9 +78,9 @@ async fn in_progress_and_health_are_reported() {
 async fn providers_do_not_share_state() {
     let one = load(&spec("fake", &[])).await;
     let two = load(&spec("fake", &[])).await;
-    one.add_resource(&gpu("gpu-a")).await.unwrap();
-    assert_eq!(one.get_resources().await.unwrap().len(), 1);
-    assert_eq!(two.get_resources().await.unwrap().len(), 0);
+    one.add(&AddRequest::new(gpu("gpu-a"))).await.unwrap();
+    assert_eq!(one.list(&[]).await.unwrap().len(), 1);
+    assert_eq!(two.list(&[]).await.unwrap().len(), 0);
     // Clones of a handle are the same provider.
-    assert_eq!(one.clone().get_resources().await.unwrap().len(), 1);
+    assert_eq!(one.clone().list(&[]).await.unwrap().len(), 1);
 }

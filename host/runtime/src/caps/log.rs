@@ -14,11 +14,89 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::WasiView;
 
-use crate::base::escape_line;
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, NoGrant, SetupError};
+use crate::base::{FieldError, escape_line};
 use crate::budget::{Admit, Budget, BudgetCounters, BudgetExceeded, MinuteWindow};
-use crate::gate::{Capability, Gate};
-use crate::wit::imports::log as wit;
+use crate::gate::{CapabilityKind, Check, Gate};
+use crate::limits::Limits;
+
+/// The `cro:provider/log` import's bindings, as every served contract version imports it
+/// (unchanged since 0.1.0; the version modules in `crate::wit` map it here).
+pub(crate) mod wit {
+    wasmtime::component::bindgen!({
+        path: "../../wit/since_v0.1.0",
+        inline: "
+            package cro-host:log;
+            world imports {
+                import cro:provider/log@0.1.0;
+            }
+        ",
+        world: "cro-host:log/imports",
+        imports: {
+            // The log budget ends a call that logs past it.
+            "cro:provider/log.log": trappable,
+        },
+    });
+
+    pub(crate) use self::cro::provider::log::*;
+}
+
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct LogCap;
+
+impl Capability for LogCap {
+    const NAME: &'static str = "log";
+    type Grant = NoGrant;
+    type Shared = Log;
+    type Call = LogCall;
+
+    fn validate(_: &NoGrant) -> Result<(), FieldError> {
+        Ok(())
+    }
+
+    fn load(_: &NoGrant, load: &Load<'_>) -> Result<Log, SetupError> {
+        Ok(Log::new(
+            load.provider.to_string(),
+            load.gate.clone(),
+            load.budgets.clone(),
+            load.limits,
+        ))
+    }
+
+    fn call(shared: &Arc<Log>, _: &CallSetup) -> LogCall {
+        LogCall::new(shared.clone())
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        get: fn(&mut T) -> &mut LogCall,
+    ) -> wasmtime::Result<()> {
+        wit::add_to_linker::<T, HasSelf<LogCall>>(linker, get)
+    }
+
+    /// Always granted and never declared: nothing to compare.
+    fn report(_: &NoGrant, _: &Declared<'_>, _: &mut Findings) {}
+
+    #[cfg(test)]
+    fn example() -> NoGrant {
+        NoGrant
+    }
+}
+
+/// Writing a log line: always allowed (the budgets bound it).
+pub(crate) struct WriteLog;
+
+impl Check for WriteLog {
+    fn kind(&self) -> Option<CapabilityKind> {
+        None
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
 
 /// Bytes of one guest message kept in its log line.
 pub const MESSAGE_BYTES: usize = 4 * 1024;
@@ -41,7 +119,7 @@ impl Log {
         provider: String,
         gate: Arc<Gate>,
         counters: Arc<BudgetCounters>,
-        limits: &crate::grants::Limits,
+        limits: &Limits,
     ) -> Log {
         Log {
             provider,
@@ -84,7 +162,7 @@ impl LogCall {
 impl wit::Host for LogCall {
     fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
         let shared = &self.shared;
-        if shared.gate.check(Capability::Log).is_err() {
+        if shared.gate.check(&WriteLog).is_err() {
             return Ok(());
         }
         let line = escape_line(&message, MESSAGE_BYTES);
@@ -143,11 +221,4 @@ impl wit::Host for LogCall {
         }
         Ok(())
     }
-}
-
-pub(crate) fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    get: fn(&mut T) -> &mut LogCall,
-) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasSelf<LogCall>>(linker, get)
 }

@@ -17,11 +17,85 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::WasiView;
 
-use crate::base::WallClock;
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, NoGrant, SetupError};
+use crate::base::{FieldError, WallClock};
 use crate::budget::{Budget, BudgetCounters};
-use crate::gate::{Capability, Gate};
-use crate::wit::imports::state as wit;
+use crate::gate::{CapabilityKind, Check, Gate};
+
+/// The `cro:provider/state` import's bindings, as every served contract version imports
+/// it (unchanged since 0.1.0; the version modules in `crate::wit` map it here).
+pub(crate) mod wit {
+    wasmtime::component::bindgen!({
+        path: "../../wit/since_v0.1.0",
+        inline: "
+            package cro-host:state;
+            world imports {
+                import cro:provider/state@0.1.0;
+            }
+        ",
+        world: "cro-host:state/imports",
+    });
+
+    pub(crate) use self::cro::provider::state::*;
+}
+
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct StateCap;
+
+impl Capability for StateCap {
+    const NAME: &'static str = "state";
+    type Grant = NoGrant;
+    type Shared = State;
+    type Call = StateCall;
+
+    fn validate(_: &NoGrant) -> Result<(), FieldError> {
+        Ok(())
+    }
+
+    fn load(_: &NoGrant, load: &Load<'_>) -> Result<State, SetupError> {
+        let limits = load.limits;
+        let capacity = usize::try_from(limits.state_bytes)
+            .map_err(|_| SetupError::Limits("state_bytes does not fit this platform".into()))?;
+        Ok(State {
+            store: StateStore::new(
+                capacity,
+                limits.state_entries as usize,
+                load.clock.clone(),
+                load.budgets.clone(),
+            ),
+            gate: load.gate.clone(),
+        })
+    }
+
+    fn call(shared: &Arc<State>, _: &CallSetup) -> StateCall {
+        StateCall {
+            shared: shared.clone(),
+        }
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        get: fn(&mut T) -> &mut StateCall,
+    ) -> wasmtime::Result<()> {
+        wit::add_to_linker::<T, HasSelf<StateCall>>(linker, get)
+    }
+
+    /// Always granted and never declared: nothing to compare.
+    fn report(_: &NoGrant, _: &Declared<'_>, _: &mut Findings) {}
+
+    #[cfg(test)]
+    fn example() -> NoGrant {
+        NoGrant
+    }
+}
+
+/// The provider's side: its map.
+pub(crate) struct State {
+    pub(crate) store: StateStore,
+    gate: Arc<Gate>,
+}
 
 /// Bytes charged per entry on top of its key and value.
 pub const ENTRY_OVERHEAD: usize = 96;
@@ -138,38 +212,40 @@ impl StateStore {
 
 /// One call's side (the store is the provider's).
 pub(crate) struct StateCall {
-    store: Arc<StateStore>,
-    gate: Arc<Gate>,
+    shared: Arc<State>,
 }
 
-impl StateCall {
-    pub(crate) fn new(store: Arc<StateStore>, gate: Arc<Gate>) -> StateCall {
-        StateCall { store, gate }
+/// Using the provider's own map: always allowed (bounded by `limits.state_bytes`).
+pub(crate) struct UseState;
+
+impl Check for UseState {
+    fn kind(&self) -> Option<CapabilityKind> {
+        None
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        Ok(())
     }
 }
 
 impl wit::Host for StateCall {
     fn get(&mut self, key: String) -> Option<Vec<u8>> {
-        self.gate.check(Capability::State).ok()?;
-        self.store.get(&key)
+        let shared = &self.shared;
+        shared.gate.check(&UseState).ok()?;
+        shared.store.get(&key)
     }
 
     fn set(&mut self, key: String, value: Vec<u8>, ttl_ms: Option<u64>) -> bool {
-        self.gate.check(Capability::State).is_ok() && self.store.set(key, value, ttl_ms)
+        let shared = &self.shared;
+        shared.gate.check(&UseState).is_ok() && shared.store.set(key, value, ttl_ms)
     }
 
     fn remove(&mut self, key: String) {
-        if self.gate.check(Capability::State).is_ok() {
-            self.store.remove(&key);
+        let shared = &self.shared;
+        if shared.gate.check(&UseState).is_ok() {
+            shared.store.remove(&key);
         }
     }
-}
-
-pub(crate) fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    get: fn(&mut T) -> &mut StateCall,
-) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasSelf<StateCall>>(linker, get)
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! The contract versions this host serves: one module per version (its bindgen world
 //! and the conversions to the host's own types in [`crate::domain`]) behind one
-//! dispatch. Nothing outside this folder names a WIT version.
+//! dispatch. Nothing outside this folder names a WIT version, except the capability
+//! modules' import bindings (`crate::caps::<name>::wit`), which every version maps onto.
 //!
 //! Adding a version: a `wit/since_vX.Y.Z/` folder, a `since_vX_Y_Z.rs` module here, a
 //! [`Version`] case, a [`ProviderPre`]/[`ProviderInstance`] case, and its entries in
 //! [`SUPPORTED_VERSIONS`] and [`OWN_INTERFACES`] (docs/ARCHITECTURE.md).
 
-pub(crate) mod imports;
 mod since_v0_1_0;
 mod since_v0_2_0;
 
@@ -80,7 +80,7 @@ pub(crate) fn same_minor(a: &str, b: &str) -> bool {
 }
 
 /// Every version's own interfaces in the linker (the capability imports, shared by all
-/// versions, are added by `crate::call`).
+/// versions, are added by `crate::call` from each capability module).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
     since_v0_1_0::add_to_linker(linker)?;
     since_v0_2_0::add_to_linker(linker)

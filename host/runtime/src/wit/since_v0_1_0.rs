@@ -1,7 +1,7 @@
 //! Contract `cro:provider@0.1.0` (`wit/since_v0.1.0`, world `provider-world`): its
 //! bindgen world, the export calls, and the conversions to and from the host's domain
 //! types. The capability imports it defines are the ones every version uses; their
-//! bindings live in `super::imports`.
+//! bindings live in each capability's module (`crate::caps::<name>::wit`).
 
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, Linker};
@@ -12,14 +12,14 @@ use crate::domain::{self, AddRequest, Claim};
 wasmtime::component::bindgen!({
     path: "../../wit/since_v0.1.0",
     world: "provider-world",
-    // The capability imports are shared by every version (`super::imports`).
+    // The capability imports are shared by every version (`crate::caps::<name>::wit`).
     with: {
-        "cro:provider/http": crate::wit::imports::cro::provider::http,
-        "cro:provider/secrets": crate::wit::imports::cro::provider::secrets,
-        "cro:provider/lookup": crate::wit::imports::cro::provider::lookup,
-        "cro:provider/config": crate::wit::imports::cro::provider::config,
-        "cro:provider/log": crate::wit::imports::cro::provider::log,
-        "cro:provider/state": crate::wit::imports::cro::provider::state,
+        "cro:provider/http": crate::caps::http::wit::cro::provider::http,
+        "cro:provider/secrets": crate::caps::secrets::wit::cro::provider::secrets,
+        "cro:provider/lookup": crate::caps::lookup::wit::cro::provider::lookup,
+        "cro:provider/config": crate::caps::config::wit::cro::provider::config,
+        "cro:provider/log": crate::caps::log::wit::cro::provider::log,
+        "cro:provider/state": crate::caps::state::wit::cro::provider::state,
     },
     exports: { default: async },
 });

@@ -1,7 +1,8 @@
 //! Contract `cro:provider@0.2.0` (`wit/since_v0.2.0`, world `provider-world`, export
 //! `cdi-provider`): its bindgen world, the export calls, and the conversions to and from
 //! the host's domain types. Its capability imports are 0.1.0's interfaces, mapped onto
-//! `super::imports`, so the host implements them once.
+//! the capability modules' bindings (`crate::caps::<name>::wit`), so the host implements
+//! them once.
 
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, Linker};
@@ -13,12 +14,12 @@ wasmtime::component::bindgen!({
     path: "../../wit/since_v0.2.0",
     world: "provider-world",
     with: {
-        "cro:provider/http@0.1.0": crate::wit::imports::cro::provider::http,
-        "cro:provider/secrets@0.1.0": crate::wit::imports::cro::provider::secrets,
-        "cro:provider/lookup@0.1.0": crate::wit::imports::cro::provider::lookup,
-        "cro:provider/config@0.1.0": crate::wit::imports::cro::provider::config,
-        "cro:provider/log@0.1.0": crate::wit::imports::cro::provider::log,
-        "cro:provider/state@0.1.0": crate::wit::imports::cro::provider::state,
+        "cro:provider/http@0.1.0": crate::caps::http::wit::cro::provider::http,
+        "cro:provider/secrets@0.1.0": crate::caps::secrets::wit::cro::provider::secrets,
+        "cro:provider/lookup@0.1.0": crate::caps::lookup::wit::cro::provider::lookup,
+        "cro:provider/config@0.1.0": crate::caps::config::wit::cro::provider::config,
+        "cro:provider/log@0.1.0": crate::caps::log::wit::cro::provider::log,
+        "cro:provider/state@0.1.0": crate::caps::state::wit::cro::provider::state,
     },
     exports: { default: async },
 });

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use cro_runtime::AddRequest;
 use cro_runtime::cluster::{ClusterReader, StaticCluster};
 use cro_runtime::{
     ComposableResource, DeviceType, Provider, ProviderSpec, Runtime, RuntimeOptions,
@@ -269,7 +270,7 @@ pub async fn beside_a_good_provider<F: std::future::Future>(hostile: F) -> (F::O
         let mut served = 0;
         while !stop.load(Ordering::SeqCst) || served == 0 {
             let r = gpu(&format!("good-{served}"));
-            let (out, took) = timed(good.add_resource(&r)).await;
+            let (out, took) = timed(good.add(&AddRequest::new(r.clone()))).await;
             assert!(
                 matches!(out, Ok(cro_runtime::AddOutcome::Attached(_))),
                 "the good provider failed: {out:?}"

@@ -5,6 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cro_runtime::AddRequest;
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, CacheStats, ComponentCache, LoadError, Provider, Runtime, RuntimeOptions,
@@ -32,7 +33,10 @@ async fn load(runtime: &Runtime) -> Result<Provider, LoadError> {
 
 /// The loaded provider works (its code came from wherever the cache says).
 async fn works(provider: &Provider) {
-    let outcome = provider.add_resource(&gpu("gpu-cached")).await.unwrap();
+    let outcome = provider
+        .add(&AddRequest::new(gpu("gpu-cached")))
+        .await
+        .unwrap();
     assert!(matches!(outcome, AddOutcome::Attached(_)), "{outcome:?}");
 }
 

@@ -13,15 +13,17 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 use url::Url;
 
+use super::grant::{Header, HttpGrant, RequestTo};
+use super::wit::{HttpError, Method, Request, Response};
 use crate::base::{DeadlineExceeded, quote};
-use crate::gate::{Capability, Gate};
-use crate::grants::HttpGrant;
-use crate::wit::imports::http::{HttpError, Method, Request, Response};
+use crate::gate::Gate;
 
 const MAX_REDIRECTS: usize = 10;
 
 pub(crate) struct HttpEgress {
     client: reqwest::Client,
+    /// What the gate checks every request and redirect against.
+    grants: Arc<[HttpGrant]>,
     max_response_bytes: u64,
 }
 
@@ -53,6 +55,7 @@ impl HttpEgress {
                     .map_err(|e| format!("CA of the grant for {}: {e}", grant.url))?;
             }
         }
+        let grants: Arc<[HttpGrant]> = grants.into();
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -60,6 +63,7 @@ impl HttpEgress {
         .map_err(|e| format!("TLS setup: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+        let granted = grants.clone();
         let policy = reqwest::redirect::Policy::custom(move |attempt| {
             if attempt.previous().len() >= MAX_REDIRECTS {
                 return attempt.error(RedirectDenied(format!(
@@ -71,7 +75,11 @@ impl HttpEgress {
                 .last()
                 .map(|u| u.to_string())
                 .unwrap_or_default();
-            match gate.check(Capability::Http(attempt.url())) {
+            let hop = RequestTo {
+                grants: &granted,
+                url: attempt.url(),
+            };
+            match gate.check(&hop) {
                 Ok(()) => attempt.follow(),
                 Err(denial) => {
                     let message = format!("{denial} (redirect from {})", quote(&from));
@@ -87,6 +95,7 @@ impl HttpEgress {
             .map_err(|e| format!("HTTP client: {}", chain(&e)))?;
         Ok(HttpEgress {
             client,
+            grants,
             max_response_bytes,
         })
     }
@@ -114,11 +123,15 @@ impl HttpEgress {
                 ))));
             }
         };
-        if let Err(denial) = gate.check(Capability::Http(&url)) {
+        let to = RequestTo {
+            grants: &self.grants,
+            url: &url,
+        };
+        if let Err(denial) = gate.check(&to) {
             return Ok(Err(HttpError::Denied(denial.0)));
         }
         for (name, _) in &request.headers {
-            if let Err(denial) = gate.check(Capability::HttpHeader(name)) {
+            if let Err(denial) = gate.check(&Header(name)) {
                 return Ok(Err(HttpError::Denied(denial.0)));
             }
         }
@@ -138,32 +151,15 @@ impl HttpEgress {
                 Ok(Err(HttpError::Timeout))
             };
         }
-        let mut builder = self
+        let builder = self
             .client
             .request(method(request.method), url)
             .timeout(timeout)
             .body(request.body);
-        for (name, value) in &request.headers {
-            let name = match HeaderName::from_bytes(name.as_bytes()) {
-                Ok(n) => n,
-                Err(e) => {
-                    return Ok(Err(HttpError::InvalidRequest(format!(
-                        "header name `{}`: {e}",
-                        quote(name)
-                    ))));
-                }
-            };
-            let value = match HeaderValue::from_str(value) {
-                Ok(v) => v,
-                Err(e) => {
-                    return Ok(Err(HttpError::InvalidRequest(format!(
-                        "header `{}` value: {e}",
-                        quote(name.as_str())
-                    ))));
-                }
-            };
-            builder = builder.header(name, value);
-        }
+        let builder = match with_headers(builder, &request.headers) {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(e)),
+        };
         match self.exchange(builder).await {
             Ok(result) => Ok(result),
             Err(e) if e.is_timeout() && capped => Err(DeadlineExceeded),
@@ -204,6 +200,24 @@ impl HttpEgress {
             body,
         }))
     }
+}
+
+/// The guest's headers on the request; a name or value HTTP cannot carry is an invalid
+/// request.
+fn with_headers(
+    mut builder: reqwest::RequestBuilder,
+    headers: &[(String, String)],
+) -> Result<reqwest::RequestBuilder, HttpError> {
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
+            HttpError::InvalidRequest(format!("header name `{}`: {e}", quote(name)))
+        })?;
+        let value = HeaderValue::from_str(value).map_err(|e| {
+            HttpError::InvalidRequest(format!("header `{}` value: {e}", quote(name.as_str())))
+        })?;
+        builder = builder.header(name, value);
+    }
+    Ok(builder)
 }
 
 fn method(m: Method) -> reqwest::Method {

@@ -1,5 +1,6 @@
 //! The `http` capability's grant: which `scheme://host:port` targets a provider may
-//! reach, parsed and checked here; and which request headers no grant can allow.
+//! reach, parsed and checked here; which request headers no grant can allow; and the
+//! gate's checks of both ([`RequestTo`], [`Header`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -10,7 +11,8 @@ use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
 use url::Url;
 
-use crate::base::FieldError;
+use crate::base::{FieldError, quote};
+use crate::gate::{CapabilityKind, Check};
 
 /// `http` or `https`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -287,6 +289,51 @@ pub fn refused_header(name: &str) -> bool {
     ];
     let lower = name.trim().to_ascii_lowercase();
     REFUSED.contains(&lower.as_str()) || lower.starts_with("proxy-")
+}
+
+/// A request (or a redirect) to `url`: allowed when a grant covers its scheme, host
+/// and port.
+pub(crate) struct RequestTo<'a> {
+    pub(crate) grants: &'a [HttpGrant],
+    pub(crate) url: &'a Url,
+}
+
+impl Check for RequestTo<'_> {
+    fn kind(&self) -> Option<CapabilityKind> {
+        Some(CapabilityKind::Http)
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        if self.grants.iter().any(|g| g.allows(self.url)) {
+            return Ok(());
+        }
+        Err(format!(
+            "no http grant for {}",
+            quote(&HttpTarget::describe(self.url))
+        ))
+    }
+}
+
+/// A request header the provider wants to send: framing and routing headers are never
+/// allowed ([`refused_header`]).
+pub(crate) struct Header<'a>(pub(crate) &'a str);
+
+impl Check for Header<'_> {
+    fn kind(&self) -> Option<CapabilityKind> {
+        Some(CapabilityKind::Http)
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        if !refused_header(self.0) {
+            return Ok(());
+        }
+        Err(format!(
+            "the request header `{}` is set by the host only (Host, Connection, \
+             Transfer-Encoding, Content-Length, Upgrade, TE, Trailer, Keep-Alive \
+             and Proxy-* cannot be granted)",
+            quote(self.0)
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -1,19 +1,70 @@
-//! The `http` capability: grants of `scheme://host:port` targets ([`grant`]), the
-//! provider's client ([`egress`]) and the `cro:provider/http` host function. Budgets:
-//! the call's deadline caps every request, reply bodies are bounded by
-//! `limits.max_response_bytes`, and framing/routing headers are refused by the gate.
+//! The `http` capability: grants of `scheme://host:port` targets and their checks
+//! ([`grant`]), the provider's client ([`egress`]), the `cro:provider/http` host function
+//! and its bindings (`wit`), and its part of the report (`report`). Budgets: the call's
+//! deadline caps every request, reply bodies are bounded by `limits.max_response_bytes`,
+//! and framing/routing headers are refused by the gate.
 
 pub(crate) mod egress;
 pub mod grant;
+mod report;
+pub(crate) mod wit;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::WasiView;
 
-use crate::base::until_deadline;
+use self::egress::HttpEgress;
+use self::grant::HttpGrant;
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
+use crate::base::{FieldError, until_deadline};
 use crate::gate::{CapabilityKind, Gate, UseOutcome};
-use crate::wit::imports::http as wit;
+
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct HttpCap;
+
+impl Capability for HttpCap {
+    const NAME: &'static str = "http";
+    type Grant = Vec<HttpGrant>;
+    type Shared = Http;
+    type Call = HttpCall;
+
+    fn validate(grant: &Vec<HttpGrant>) -> Result<(), FieldError> {
+        grant::validate(grant)
+    }
+
+    fn load(grant: &Vec<HttpGrant>, load: &Load<'_>) -> Result<Http, SetupError> {
+        let egress = HttpEgress::new(grant, load.gate.clone(), load.limits.max_response_bytes)
+            .map_err(SetupError::Client)?;
+        Ok(Http {
+            egress,
+            gate: load.gate.clone(),
+        })
+    }
+
+    fn call(shared: &Arc<Http>, setup: &CallSetup) -> HttpCall {
+        HttpCall::new(shared.clone(), setup.deadline)
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        get: fn(&mut T) -> &mut HttpCall,
+    ) -> wasmtime::Result<()> {
+        wit::add_to_linker::<T, HasSelf<HttpCall>>(linker, get)
+    }
+
+    fn report(grant: &Vec<HttpGrant>, declared: &Declared<'_>, findings: &mut Findings) {
+        report::report(grant, declared, findings);
+    }
+
+    #[cfg(test)]
+    fn example() -> Vec<HttpGrant> {
+        vec![HttpGrant::new(
+            "https://fabric.example:8443".parse().unwrap(),
+        )]
+    }
+}
 
 /// The provider's side: its client and its gate.
 pub(crate) struct Http {
@@ -85,11 +136,4 @@ fn http_error_text(e: &wit::HttpError) -> String {
         wit::HttpError::TooLarge(n) => format!("reply larger than {n} bytes"),
         wit::HttpError::Other(m) => m.clone(),
     }
-}
-
-pub(crate) fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    get: fn(&mut T) -> &mut HttpCall,
-) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasSelf<HttpCall>>(linker, get)
 }

@@ -1,9 +1,13 @@
 //! The `lookup` capability's grant: the kinds of cluster object a provider may read;
-//! and the shape every name and namespace must have before any request is made.
+//! the shape every name and namespace must have before any request is made; and the
+//! gate's checks of both ([`Kind`], [`ObjectName`]).
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::base::{FieldError, is_dns_label, is_dns_subdomain};
+use crate::base::{FieldError, is_dns_label, is_dns_subdomain, quote};
+use crate::gate::{CapabilityKind, Check};
 
 /// A kind of cluster object a provider may read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +67,66 @@ impl LookupGrant {
     }
 }
 
+/// Checks the `grants.lookup` list as a whole: each kind valid, none granted twice.
+pub(crate) fn validate(grants: &[LookupGrant]) -> Result<(), FieldError> {
+    let mut kinds = BTreeSet::new();
+    for (i, grant) in grants.iter().enumerate() {
+        grant.validate(i)?;
+        if !kinds.insert((grant.api_version.as_str(), grant.kind.as_str())) {
+            return Err(FieldError::new(
+                format!("grants.lookup[{i}]"),
+                format!("{} {} is granted twice", grant.api_version, grant.kind),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reading objects of a kind (`v1 Node` for `get-node`/`list-nodes`).
+pub(crate) struct Kind<'a> {
+    pub(crate) grants: &'a [LookupGrant],
+    pub(crate) api_version: &'a str,
+    pub(crate) kind: &'a str,
+}
+
+impl Check for Kind<'_> {
+    fn kind(&self) -> Option<CapabilityKind> {
+        Some(CapabilityKind::Lookup)
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        if self
+            .grants
+            .iter()
+            .any(|g| g.allows(self.api_version, self.kind))
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "no lookup grant for {} {}",
+            quote(self.api_version),
+            quote(self.kind)
+        ))
+    }
+}
+
+/// The name (and namespace) of an object to read: must be a Kubernetes name
+/// ([`check_name`]).
+pub(crate) struct ObjectName<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) namespace: Option<&'a str>,
+}
+
+impl Check for ObjectName<'_> {
+    fn kind(&self) -> Option<CapabilityKind> {
+        Some(CapabilityKind::Lookup)
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        check_name(self.name, self.namespace)
+    }
+}
+
 /// Checks a name the guest wants read, before any request: an object name must be a
 /// DNS subdomain (what Nodes, Machines and BareMetalHosts are) and a namespace a DNS
 /// label. Anything else — `..`, `/proxy`, `?labelSelector=`, `%2F` — would become part of
@@ -73,7 +137,7 @@ pub fn check_name(name: &str, namespace: Option<&str>) -> Result<(), String> {
         return Err(format!(
             "`{}` is not a Kubernetes object name (lowercase letters, digits, '-' and '.', \
              at most 253)",
-            crate::base::quote(name)
+            quote(name)
         ));
     }
     if let Some(ns) = namespace
@@ -81,7 +145,7 @@ pub fn check_name(name: &str, namespace: Option<&str>) -> Result<(), String> {
     {
         return Err(format!(
             "`{}` is not a Kubernetes namespace name",
-            crate::base::quote(ns)
+            quote(ns)
         ));
     }
     Ok(())

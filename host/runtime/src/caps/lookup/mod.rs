@@ -1,25 +1,96 @@
-//! The `lookup` capability: granted kinds ([`grant`]) and the `cro:provider/lookup` host
-//! functions. Names and namespaces are checked as Kubernetes names by the gate before
+//! The `lookup` capability: granted kinds and their checks ([`grant`]), the
+//! `cro:provider/lookup` host functions and their bindings (`wit`). Names and namespaces are checked as Kubernetes names by the gate before
 //! any request (they become part of the API server's URL); every read counts against
 //! the call's cluster-read budget.
 
 pub mod grant;
+pub(crate) mod wit;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::WasiView;
 
+use self::grant::{Kind, LookupGrant, ObjectName};
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
 use super::reads::CallReads;
-use crate::base::until_deadline;
+use crate::base::{FieldError, until_deadline};
 use crate::cluster::{ClusterError, ClusterReader};
-use crate::gate::{Capability, CapabilityKind, Gate, UseOutcome};
-use crate::wit::imports::lookup as wit;
+use crate::gate::{CapabilityKind, Gate, UseOutcome};
+
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct LookupCap;
+
+impl Capability for LookupCap {
+    const NAME: &'static str = "lookup";
+    type Grant = Vec<LookupGrant>;
+    type Shared = Lookup;
+    type Call = LookupCall;
+
+    fn validate(grant: &Vec<LookupGrant>) -> Result<(), FieldError> {
+        grant::validate(grant)
+    }
+
+    fn load(grant: &Vec<LookupGrant>, load: &Load<'_>) -> Result<Lookup, SetupError> {
+        Ok(Lookup {
+            grants: grant.clone(),
+            gate: load.gate.clone(),
+            cluster: load.cluster.clone(),
+        })
+    }
+
+    fn call(shared: &Arc<Lookup>, setup: &CallSetup) -> LookupCall {
+        LookupCall::new(shared.clone(), setup.reads.clone(), setup.deadline)
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        get: fn(&mut T) -> &mut LookupCall,
+    ) -> wasmtime::Result<()> {
+        wit::add_to_linker::<T, HasSelf<LookupCall>>(linker, get)
+    }
+
+    fn report(grant: &Vec<LookupGrant>, declared: &Declared<'_>, findings: &mut Findings) {
+        // A kind wanted only with some configuration key is not wanted without it.
+        let wanted: Vec<_> = declared
+            .info
+            .capabilities
+            .lookup
+            .iter()
+            .filter(|l| {
+                l.when_config
+                    .as_ref()
+                    .is_none_or(|k| declared.config.contains_key(k))
+            })
+            .collect();
+        for l in &wanted {
+            if !grant.iter().any(|g| g.allows(&l.api_version, &l.kind)) {
+                findings
+                    .wanted_not_granted
+                    .push(format!("lookup {} {}", l.api_version, l.kind));
+            }
+        }
+        for g in grant {
+            if !wanted.iter().any(|l| g.allows(&l.api_version, &l.kind)) {
+                findings
+                    .granted_not_wanted
+                    .push(format!("lookup {} {}", g.api_version, g.kind));
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn example() -> Vec<LookupGrant> {
+        vec![LookupGrant::new("v1", "Node")]
+    }
+}
 
 /// The provider's side.
 pub(crate) struct Lookup {
-    pub(crate) gate: Arc<Gate>,
-    pub(crate) cluster: Arc<dyn ClusterReader>,
+    grants: Vec<LookupGrant>,
+    gate: Arc<Gate>,
+    cluster: Arc<dyn ClusterReader>,
 }
 
 /// One call's side.
@@ -44,11 +115,20 @@ impl LookupCall {
         kind: &str,
         name: Option<(&str, Option<&str>)>,
     ) -> Result<(), wit::LookupError> {
-        let gate = &self.shared.gate;
-        gate.check(Capability::Lookup { api_version, kind })
+        let shared = &self.shared;
+        let granted = Kind {
+            grants: &shared.grants,
+            api_version,
+            kind,
+        };
+        shared
+            .gate
+            .check(&granted)
             .map_err(|d| wit::LookupError::Denied(d.0))?;
         if let Some((name, namespace)) = name {
-            gate.check(Capability::ObjectName { name, namespace })
+            shared
+                .gate
+                .check(&ObjectName { name, namespace })
                 .map_err(|d| wit::LookupError::Denied(d.0))?;
         }
         Ok(())
@@ -194,11 +274,4 @@ impl LookupCall {
         .await?;
         Ok(found.map_err(lookup_error).and_then(|v| json_text(&v)))
     }
-}
-
-pub(crate) fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    get: fn(&mut T) -> &mut LookupCall,
-) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasSelf<LookupCall>>(linker, get)
 }

@@ -1,10 +1,12 @@
-//! The `secrets` capability's grant: one Secret and the keys of it a provider may read.
+//! The `secrets` capability's grant: one Secret and the keys of it a provider may read;
+//! and the gate's check of a key ([`SecretKey`]).
 
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::base::{FieldError, is_dns_label, is_dns_subdomain};
+use crate::base::{FieldError, is_dns_label, is_dns_subdomain, quote};
+use crate::gate::{CapabilityKind, Check};
 
 /// The keys of one Secret a provider may read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,5 +62,33 @@ impl SecretGrant {
             }
         }
         Ok(())
+    }
+}
+
+/// Reading one key of the granted Secret (if one is granted).
+pub(crate) struct SecretKey<'a> {
+    pub(crate) grant: Option<&'a SecretGrant>,
+    pub(crate) key: &'a str,
+}
+
+impl Check for SecretKey<'_> {
+    fn kind(&self) -> Option<CapabilityKind> {
+        Some(CapabilityKind::Secret)
+    }
+
+    fn decide(&self) -> Result<(), String> {
+        match self.grant {
+            Some(secret) if secret.allows(self.key) => Ok(()),
+            Some(secret) => Err(format!(
+                "no secret grant for key `{}` of {}/{}",
+                quote(self.key),
+                secret.namespace,
+                secret.name
+            )),
+            None => Err(format!(
+                "no secret grant (the provider asked for key `{}`)",
+                quote(self.key)
+            )),
+        }
     }
 }

@@ -1,26 +1,92 @@
-//! The `secrets` capability: one granted Secret ([`grant`]) and the `cro:provider/secrets`
-//! host function. The Secret is read once per call and its keys served from that copy
+//! The `secrets` capability: one granted Secret and its check ([`grant`]), the
+//! `cro:provider/secrets` host function and its bindings (`wit`). The Secret is read once per call and its keys served from that copy
 //! (a provider asking for keys in a loop costs one API read); every read counts against
 //! the call's cluster-read budget.
 
 pub mod grant;
+pub(crate) mod wit;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::WasiView;
 
+use self::grant::{SecretGrant, SecretKey};
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
 use super::reads::CallReads;
-use crate::base::{quote, until_deadline};
+use crate::base::{FieldError, quote, until_deadline};
 use crate::cluster::{ClusterError, ClusterReader};
-use crate::gate::{Capability, CapabilityKind, Gate, UseOutcome};
-use crate::wit::imports::secrets as wit;
+use crate::gate::{CapabilityKind, Gate, UseOutcome};
+
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct SecretsCap;
+
+impl Capability for SecretsCap {
+    const NAME: &'static str = "secrets";
+    type Grant = Option<SecretGrant>;
+    type Shared = Secrets;
+    type Call = SecretsCall;
+
+    fn validate(grant: &Option<SecretGrant>) -> Result<(), FieldError> {
+        grant.as_ref().map_or(Ok(()), SecretGrant::validate)
+    }
+
+    fn load(grant: &Option<SecretGrant>, load: &Load<'_>) -> Result<Secrets, SetupError> {
+        Ok(Secrets {
+            grant: grant.clone(),
+            gate: load.gate.clone(),
+            cluster: load.cluster.clone(),
+        })
+    }
+
+    fn call(shared: &Arc<Secrets>, setup: &CallSetup) -> SecretsCall {
+        SecretsCall::new(shared.clone(), setup.reads.clone(), setup.deadline)
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        get: fn(&mut T) -> &mut SecretsCall,
+    ) -> wasmtime::Result<()> {
+        wit::add_to_linker::<T, HasSelf<SecretsCall>>(linker, get)
+    }
+
+    fn report(grant: &Option<SecretGrant>, declared: &Declared<'_>, findings: &mut Findings) {
+        let wanted = &declared.info.capabilities.secret_keys;
+        for key in wanted {
+            if !grant.as_ref().is_some_and(|s| s.allows(key)) {
+                findings
+                    .wanted_not_granted
+                    .push(format!("secret key {key}"));
+            }
+        }
+        let Some(secret) = grant else {
+            return;
+        };
+        for key in secret.keys.iter().filter(|k| !wanted.contains(k)) {
+            findings.granted_not_wanted.push(format!(
+                "secret key {key} (of {}/{})",
+                secret.namespace, secret.name
+            ));
+        }
+    }
+
+    #[cfg(test)]
+    fn example() -> Option<SecretGrant> {
+        Some(SecretGrant {
+            namespace: "ns".into(),
+            name: "creds".into(),
+            keys: vec!["username".into()],
+        })
+    }
+}
 
 /// The provider's side.
 pub(crate) struct Secrets {
-    pub(crate) gate: Arc<Gate>,
-    pub(crate) cluster: Arc<dyn ClusterReader>,
+    grant: Option<SecretGrant>,
+    gate: Arc<Gate>,
+    cluster: Arc<dyn ClusterReader>,
 }
 
 /// One call's side, with the call's copy of the Secret.
@@ -81,10 +147,14 @@ impl SecretsCall {
     async fn read(&mut self, key: &str) -> wasmtime::Result<Result<String, wit::SecretError>> {
         let key = key.to_string();
         let shared = self.shared.clone();
-        if let Err(denial) = shared.gate.check(Capability::SecretKey(&key)) {
+        let check = SecretKey {
+            grant: shared.grant.as_ref(),
+            key: &key,
+        };
+        if let Err(denial) = shared.gate.check(&check) {
             return Ok(Err(wit::SecretError::Denied(denial.0)));
         }
-        let Some(grant) = shared.gate.grants().secret.as_ref() else {
+        let Some(grant) = shared.grant.as_ref() else {
             return Ok(Err(wit::SecretError::Denied("no secret grant".into())));
         };
         if self.cached.is_none() {
@@ -113,11 +183,4 @@ impl SecretsCall {
             wit::SecretError::Other(format!("the value of key `{}` is not UTF-8", quote(&key)))
         }))
     }
-}
-
-pub(crate) fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    get: fn(&mut T) -> &mut SecretsCall,
-) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasSelf<SecretsCall>>(linker, get)
 }

@@ -10,14 +10,105 @@
 pub(crate) mod capture;
 pub mod grant;
 
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
+use std::sync::Arc;
+
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use self::capture::TailCapture;
 use self::grant::WasiGrant;
+use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
 use super::clocks;
-use crate::base::WallClock;
+use crate::base::{FieldError, WallClock};
 
-pub(crate) fn context(
+/// The capability, as `crate::caps` registers it.
+pub(crate) struct WasiCap;
+
+impl Capability for WasiCap {
+    const NAME: &'static str = "wasi";
+    type Grant = WasiGrant;
+    type Shared = Wasi;
+    type Call = WasiCall;
+
+    /// Its one field is a boolean: nothing the types do not say already.
+    fn validate(_: &WasiGrant) -> Result<(), FieldError> {
+        Ok(())
+    }
+
+    fn load(grant: &WasiGrant, load: &Load<'_>) -> Result<Wasi, SetupError> {
+        Ok(Wasi {
+            grant: *grant,
+            clock: load.clock.clone(),
+            output_bytes: load.guest_output_bytes,
+        })
+    }
+
+    fn call(shared: &Arc<Wasi>, _: &CallSetup) -> WasiCall {
+        let stdout = TailCapture::new(shared.output_bytes);
+        let stderr = TailCapture::new(shared.output_bytes);
+        WasiCall {
+            ctx: context(shared.grant, &shared.clock, stdout.clone(), stderr.clone()),
+            table: ResourceTable::new(),
+            stdout,
+            stderr,
+        }
+    }
+
+    /// WASI's bindings reach this call's side through the store's [`WasiView`] (which
+    /// hands out [`WasiCall::ctx`]), not through `get`.
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        _get: fn(&mut T) -> &mut WasiCall,
+    ) -> wasmtime::Result<()> {
+        wasmtime_wasi::p2::add_to_linker_async(linker)
+    }
+
+    fn report(grant: &WasiGrant, declared: &Declared<'_>, findings: &mut Findings) {
+        match (declared.info.capabilities.clocks, grant.clocks) {
+            (true, false) => findings.wanted_not_granted.push("clocks".into()),
+            (false, true) => findings.granted_not_wanted.push("clocks".into()),
+            _ => {}
+        }
+    }
+
+    #[cfg(test)]
+    fn example() -> WasiGrant {
+        WasiGrant { clocks: true }
+    }
+}
+
+/// The provider's side.
+pub(crate) struct Wasi {
+    grant: WasiGrant,
+    clock: WallClock,
+    output_bytes: usize,
+}
+
+/// One call's side: its WASI context, its resources and what it wrote.
+pub(crate) struct WasiCall {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    stdout: TailCapture,
+    stderr: TailCapture,
+}
+
+impl WasiCall {
+    /// What the call wrote to stdout and stderr (kept after its store is gone).
+    pub(crate) fn output(&self) -> (TailCapture, TailCapture) {
+        (self.stdout.clone(), self.stderr.clone())
+    }
+}
+
+impl WasiView for WasiCall {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.ctx,
+            table: &mut self.table,
+        }
+    }
+}
+
+fn context(
     grant: WasiGrant,
     clock: &WallClock,
     stdout: TailCapture,

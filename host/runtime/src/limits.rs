@@ -1,0 +1,211 @@
+//! Per-provider limits, the `limits` section of a provider spec (see `crate::grants`):
+//! everything a provider can make the host spend. A leaf: the capability modules read
+//! their budgets here without knowing the spec.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::base::FieldError;
+
+/// Per-provider limits: everything a provider can make the host spend. Each has a
+/// default sized for a small operator and a typed outcome when hit (see `crate::budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock deadline of one call, host I/O included.
+    pub call_timeout_ms: u64,
+    /// Bytes of all linear memories and tables of one call's instance, summed.
+    pub memory_bytes: u64,
+    /// Calls running at once; more wait for a slot.
+    pub max_concurrent_calls: u32,
+    /// Largest HTTP reply body.
+    pub max_response_bytes: u64,
+    /// Bytes the `state` interface keeps: keys plus values plus a fixed overhead per entry.
+    pub state_bytes: u64,
+    /// Entries the `state` interface keeps.
+    pub state_entries: u32,
+    /// Bytes wasmtime may copy out of the guest for one host call or one result (strings
+    /// and lists, aliases counted each time); at most `memory_bytes` is used.
+    pub host_call_bytes: u64,
+    /// Log lines (including `log` calls dropped by the per-minute budget) of one call.
+    pub log_lines_per_call: u32,
+    /// Log bytes of one call.
+    pub log_bytes_per_call: u64,
+    /// Log lines the provider may write per minute, across its calls; more are dropped.
+    pub log_lines_per_minute: u32,
+    /// Log bytes the provider may write per minute, across its calls; more are dropped.
+    pub log_bytes_per_minute: u64,
+    /// Kubernetes API reads (Secret, Node, object, list) of one call; a Secret is read
+    /// once per call however many keys the provider asks for.
+    pub cluster_reads_per_call: u32,
+    /// Kubernetes API reads per second across the provider's calls (bursts of twice that);
+    /// faster reads wait for their turn within the call's deadline.
+    pub cluster_reads_per_second: u32,
+    /// Longest text a provider hands back (an error message, an in-progress note, an id);
+    /// longer text is cut.
+    pub provider_text_bytes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            call_timeout_ms: 30_000,
+            memory_bytes: 64 << 20,
+            max_concurrent_calls: 16,
+            max_response_bytes: 4 << 20,
+            state_bytes: 64 << 10,
+            state_entries: 256,
+            host_call_bytes: 8 << 20,
+            log_lines_per_call: 256,
+            log_bytes_per_call: 64 << 10,
+            log_lines_per_minute: 1200,
+            log_bytes_per_minute: 1 << 20,
+            cluster_reads_per_call: 512,
+            cluster_reads_per_second: 50,
+            provider_text_bytes: 4096,
+        }
+    }
+}
+
+impl Limits {
+    pub const MAX_CALL_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+    pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
+    pub const MAX_MEMORY_BYTES: u64 = 4 << 30;
+    pub const MAX_CONCURRENT_CALLS: u32 = 1024;
+    pub const MAX_RESPONSE_BYTES: u64 = 1 << 30;
+    pub const MAX_STATE_BYTES: u64 = 64 << 20;
+    pub const MAX_STATE_ENTRIES: u32 = 1 << 16;
+    pub const MIN_HOST_CALL_BYTES: u64 = 64 << 10;
+    pub const MAX_LOG_LINES: u32 = 1 << 20;
+    pub const MAX_LOG_BYTES: u64 = 1 << 30;
+    pub const MAX_CLUSTER_READS_PER_CALL: u32 = 1 << 16;
+    pub const MAX_CLUSTER_READS_PER_SECOND: u32 = 10_000;
+    pub const MIN_PROVIDER_TEXT_BYTES: u32 = 256;
+    pub const MAX_PROVIDER_TEXT_BYTES: u32 = 1 << 20;
+
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+
+    /// The hostcall fuel a call gets: `host_call_bytes`, never more than the memory cap
+    /// (the guest cannot hold more than that, so more is only ever aliases).
+    pub fn effective_host_call_bytes(&self) -> u64 {
+        self.host_call_bytes.min(self.memory_bytes)
+    }
+
+    /// Checks every limit is within its range (the spec's parsers call it).
+    pub(crate) fn validate(&self) -> Result<(), FieldError> {
+        self.validate_call()?;
+        self.validate_host()?;
+        self.validate_logs()?;
+        self.validate_cluster()?;
+        range(
+            "provider_text_bytes",
+            u64::from(self.provider_text_bytes),
+            u64::from(Self::MIN_PROVIDER_TEXT_BYTES),
+            u64::from(Self::MAX_PROVIDER_TEXT_BYTES),
+        )
+    }
+
+    /// What one call may take: time, memory, concurrency, reply sizes.
+    fn validate_call(&self) -> Result<(), FieldError> {
+        range(
+            "call_timeout_ms",
+            self.call_timeout_ms,
+            1,
+            Self::MAX_CALL_TIMEOUT_MS,
+        )?;
+        range(
+            "memory_bytes",
+            self.memory_bytes,
+            Self::MIN_MEMORY_BYTES,
+            Self::MAX_MEMORY_BYTES,
+        )?;
+        range(
+            "max_concurrent_calls",
+            u64::from(self.max_concurrent_calls),
+            1,
+            u64::from(Self::MAX_CONCURRENT_CALLS),
+        )?;
+        range(
+            "max_response_bytes",
+            self.max_response_bytes,
+            1,
+            Self::MAX_RESPONSE_BYTES,
+        )
+    }
+
+    /// What the host keeps or copies for the provider: state, host-call bytes.
+    fn validate_host(&self) -> Result<(), FieldError> {
+        range("state_bytes", self.state_bytes, 0, Self::MAX_STATE_BYTES)?;
+        range(
+            "state_entries",
+            u64::from(self.state_entries),
+            0,
+            u64::from(Self::MAX_STATE_ENTRIES),
+        )?;
+        range(
+            "host_call_bytes",
+            self.host_call_bytes,
+            Self::MIN_HOST_CALL_BYTES,
+            Self::MAX_MEMORY_BYTES,
+        )
+    }
+
+    /// The log budgets, per call and per minute.
+    fn validate_logs(&self) -> Result<(), FieldError> {
+        range(
+            "log_lines_per_call",
+            u64::from(self.log_lines_per_call),
+            0,
+            u64::from(Self::MAX_LOG_LINES),
+        )?;
+        range(
+            "log_bytes_per_call",
+            self.log_bytes_per_call,
+            0,
+            Self::MAX_LOG_BYTES,
+        )?;
+        range(
+            "log_lines_per_minute",
+            u64::from(self.log_lines_per_minute),
+            0,
+            u64::from(Self::MAX_LOG_LINES),
+        )?;
+        range(
+            "log_bytes_per_minute",
+            self.log_bytes_per_minute,
+            0,
+            Self::MAX_LOG_BYTES,
+        )
+    }
+
+    /// The cluster-read budgets.
+    fn validate_cluster(&self) -> Result<(), FieldError> {
+        range(
+            "cluster_reads_per_call",
+            u64::from(self.cluster_reads_per_call),
+            0,
+            u64::from(Self::MAX_CLUSTER_READS_PER_CALL),
+        )?;
+        range(
+            "cluster_reads_per_second",
+            u64::from(self.cluster_reads_per_second),
+            1,
+            u64::from(Self::MAX_CLUSTER_READS_PER_SECOND),
+        )
+    }
+}
+
+/// `limits.<field>` must be within `min..=max`.
+fn range(field: &str, v: u64, min: u64, max: u64) -> Result<(), FieldError> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            format!("limits.{field}"),
+            format!("{v} is outside {min}..={max}"),
+        ))
+    }
+}
