@@ -107,10 +107,10 @@ async fn run_stage(stage: &str) -> Result<Value> {
     let fti = runtime.load(&fti_spec("fti")?, cluster.clone()).await?;
     if stage == "calls-16" {
         // One call first: the token is cached, the connection pool warm.
-        fti.get_resources().await?;
+        fti.list(&[]).await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (before, _) = rss();
-        let calls: Vec<_> = (0..16).map(|_| fti.get_resources()).collect();
+        let calls: Vec<_> = (0..16).map(|_| fti.list(&[])).collect();
         let sampler = async {
             tokio::time::sleep(CALL_LATENCY / 2).await;
             rss().0

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
-    AddOutcome, ComponentCache, ComposableResource, Provider, ProviderSpec, Runtime, RuntimeOptions,
+    AddOutcome, AddRequest, ComponentCache, ComposableResource, Provider, ProviderSpec, Runtime,
+    RuntimeOptions,
 };
 use provider_it::redfish::{GPU_MODEL, RedfishFixture};
 use provider_it::{Api, Fixture, MODEL, python};
@@ -192,7 +193,10 @@ async fn main() {
     let gpu = fx.gpu("gpu-cost", "worker-0");
     let gpu = with_ids(
         gpu.clone(),
-        fx.provider.add_resource(&gpu).await.expect("add"),
+        fx.provider
+            .add(&AddRequest::new(gpu.clone()))
+            .await
+            .expect("add"),
     );
     call_times("fti (Rust)", &fx.provider, &gpu, n).await;
 
@@ -215,7 +219,10 @@ async fn main() {
     let gpu = px.gpu("gpu-cost", "worker-0");
     let gpu = with_ids(
         gpu.clone(),
-        px.provider.add_resource(&gpu).await.expect("add"),
+        px.provider
+            .add(&AddRequest::new(gpu.clone()))
+            .await
+            .expect("add"),
     );
     call_times("python-example", &px.provider, &gpu, n).await;
 

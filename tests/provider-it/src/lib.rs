@@ -8,11 +8,12 @@
 //!
 //! ```no_run
 //! # async fn demo() {
+//! use cro_runtime::AddRequest;
 //! use provider_it::{Api, Fixture};
 //! let fx = Fixture::builder(Api::Fm).start().await;
 //! fx.sim.add_free_devices("gpu", provider_it::MODEL, 1);
 //! let machine = fx.add_provider_id_node("worker-0");
-//! let outcome = fx.provider.add_resource(&fx.gpu("gpu-1", "worker-0")).await;
+//! let outcome = fx.provider.add(&AddRequest::new(fx.gpu("gpu-1", "worker-0"))).await;
 //! # }
 //! ```
 

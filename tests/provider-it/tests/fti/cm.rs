@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use cro_runtime::{DeviceType, ProviderError, RemoveOutcome};
+use cro_runtime::{AddRequest, DeviceType, ProviderError, RemoveOutcome};
 use fabric_sim::{DeviceStatus, Fault, Route, codes};
 use provider_it::{Api, Fixture, MODEL};
 use serde_json::json;
@@ -33,7 +33,9 @@ async fn attach_is_in_progress_until_the_simulator_finishes() {
     let machine = fx.add_openshift_node("worker-0");
     let gpu = fx.gpu("gpu-a", "worker-0");
 
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu.clone())).await
+    ));
     assert_eq!(
         resizes(&fx),
         vec![
@@ -45,11 +47,13 @@ async fn attach_is_in_progress_until_the_simulator_finishes() {
     assert_eq!(pending[0].status, DeviceStatus::AddInProgress);
 
     // Asking again while the fabric works neither attaches nor asks for another device.
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu.clone())).await
+    ));
     assert_eq!(resizes(&fx).len(), 1);
 
     fx.sim.complete_pending();
-    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    let (serial, uuid) = attached(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert_eq!(
         (serial.as_str(), uuid.as_str()),
         (pending[0].serial.as_str(), pending[0].res_uuid.as_str())
@@ -59,13 +63,15 @@ async fn attach_is_in_progress_until_the_simulator_finishes() {
     // With a real delay the device arrives by itself; a second resource gets another one.
     fx.sim.set_cm_delay(Duration::from_millis(300));
     let gpu_b = fx.gpu("gpu-b", "worker-0");
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu_b).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu_b.clone())).await
+    ));
     assert_eq!(
         resizes(&fx)[1]["increase_resource_count"]["device_count"],
         2
     );
     let (serial_b, _) = eventually(Duration::from_secs(20), "gpu-b attached", || async {
-        match fx.provider.add_resource(&gpu_b).await {
+        match fx.provider.add(&AddRequest::new(gpu_b.clone())).await {
             Ok(cro_runtime::AddOutcome::Attached(d)) => Some((d.device_id, d.fabric_device_id)),
             Ok(cro_runtime::AddOutcome::InProgress(_)) => None,
             Err(e) => panic!("{e}"),
@@ -160,7 +166,7 @@ async fn get_resources_lists_what_the_simulator_holds_across_openshift_nodes() {
 
     let mut got: Vec<_> = fx
         .provider
-        .get_resources()
+        .list(&[])
         .await
         .unwrap()
         .into_iter()
@@ -218,18 +224,22 @@ async fn add_failed_and_remove_failed_carry_the_fabric_reason() {
         }
         .on(Route::CmResize),
     );
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu.clone())).await
+    ));
     fx.sim.complete_pending();
-    let e = fabric_error(fx.provider.add_resource(&gpu).await);
+    let e = fabric_error(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert_eq!(
         (e.code.as_str(), e.message.as_str()),
         ("ADD_FAILED", "PCIe link training failed")
     );
     // The next try asks again and succeeds.
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu.clone())).await
+    ));
     assert_eq!(resizes(&fx).len(), 2);
     fx.sim.complete_pending();
-    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    let (serial, uuid) = attached(fx.provider.add(&AddRequest::new(gpu.clone())).await);
 
     let mut held = gpu.clone();
     held.device_id = Some(serial.clone());
@@ -269,7 +279,7 @@ async fn each_injected_fault_gives_a_typed_error() {
 
     fx.sim
         .inject(Fault::error(409, "CM-0042", "quota exceeded").on(Route::CmResize));
-    let e = fabric_error(fx.provider.add_resource(&gpu).await);
+    let e = fabric_error(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert_eq!(
         (e.status, e.code.as_str(), e.message.as_str()),
         (409, "CM-0042", "quota exceeded")
@@ -277,13 +287,13 @@ async fn each_injected_fault_gives_a_typed_error() {
 
     fx.sim.inject(Fault::NoFreeDevice.on(Route::CmResize));
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&gpu).await),
+        provider_error(fx.provider.add(&AddRequest::new(gpu.clone())).await),
         ProviderError::NoCapacity(m) if m.contains(codes::NO_FREE_DEVICE)
     ));
 
     fx.sim
         .inject(Fault::error_value(500, "CM-0500", json!(["db", 3])).on(Route::CmGetMachine));
-    let e = fabric_error(fx.provider.add_resource(&gpu).await);
+    let e = fabric_error(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert_eq!(
         (e.status, e.code.as_str(), e.message.as_str()),
         (500, "CM-0500", r#"["db",3]"#)
@@ -291,21 +301,23 @@ async fn each_injected_fault_gives_a_typed_error() {
 
     fx.sim.inject(Fault::MalformedJson.on(Route::CmGetMachine));
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&gpu).await),
+        provider_error(fx.provider.add(&AddRequest::new(gpu.clone())).await),
         ProviderError::MalformedReply(_)
     ));
 
     fx.sim.inject(Fault::Drop.on(Route::CmGetMachine));
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&gpu).await),
+        provider_error(fx.provider.add(&AddRequest::new(gpu.clone())).await),
         ProviderError::Unavailable(_)
     ));
 
     // None of the failures left a request behind: the next try asks once and proceeds.
     assert_eq!(fx.sim.active_faults(), 0);
-    assert!(is_in_progress(&fx.provider.add_resource(&gpu).await));
+    assert!(is_in_progress(
+        &fx.provider.add(&AddRequest::new(gpu.clone())).await
+    ));
     fx.sim.complete_pending();
-    attached(fx.provider.add_resource(&gpu).await);
+    attached(fx.provider.add(&AddRequest::new(gpu.clone())).await);
 }
 
 #[tokio::test]
@@ -322,7 +334,11 @@ async fn a_full_spec_is_no_capacity() {
     let machine = fx.add_openshift_node("worker-0");
     fx.sim.attach_directly(&machine, "gpu", MODEL).unwrap();
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await),
+        provider_error(
+            fx.provider
+                .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+                .await
+        ),
         ProviderError::NoCapacity(_)
     ));
     assert!(resizes(&fx).is_empty());

@@ -34,11 +34,13 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
     assert!(!old.capability_report().declared);
     assert_eq!(new.info().map(|i| i.name.as_str()), Some("fti"));
 
-    let Ok(AddOutcome::Attached(a)) = old.add_resource(&fx.gpu("gpu-a", "worker-0")).await else {
+    let Ok(AddOutcome::Attached(a)) = old.add(&AddRequest::new(fx.gpu("gpu-a", "worker-0"))).await
+    else {
         panic!("0.1.0 attach failed")
     };
     assert_eq!(a.machine_id, None, "0.1.0 has no machine id");
-    let Ok(AddOutcome::Attached(b)) = new.add_resource(&fx.gpu("gpu-b", "worker-0")).await else {
+    let Ok(AddOutcome::Attached(b)) = new.add(&AddRequest::new(fx.gpu("gpu-b", "worker-0"))).await
+    else {
         panic!("0.2.0 attach failed")
     };
     assert_eq!(b.machine_id.as_deref(), Some(machine.as_str()));
@@ -50,7 +52,7 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
         device_id: Some(a.device_id.clone()),
         fabric_device_id: Some(a.fabric_device_id.clone()),
     }];
-    let mut listed_old = old.get_resources().await.unwrap();
+    let mut listed_old = old.list(&[]).await.unwrap();
     let mut listed_new = new.list(&claims).await.unwrap();
     listed_old.sort_by(|x, y| x.device_id.cmp(&y.device_id));
     listed_new.sort_by(|x, y| x.device_id.cmp(&y.device_id));
@@ -72,7 +74,7 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
         old.remove_resource(&rb).await.unwrap(),
         RemoveOutcome::Removed
     );
-    assert!(old.get_resources().await.unwrap().is_empty());
+    assert!(old.list(&[]).await.unwrap().is_empty());
 }
 
 #[tokio::test]

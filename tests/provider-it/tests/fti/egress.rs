@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::Router;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::IntoResponse;
-use cro_runtime::ProviderError;
+use cro_runtime::{AddRequest, ProviderError};
 use provider_it::{Api, Fixture};
 use serde_json::json;
 
@@ -57,7 +57,11 @@ async fn a_redirect_to_another_host_is_denied() {
         .await;
     fx.add_provider_id_node("worker-0");
 
-    let e = provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let e = provider_error(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
     assert!(
         matches!(&e, ProviderError::Denied(m) if m.contains(&other.port().to_string())),
         "{e:?}"
@@ -76,7 +80,11 @@ async fn an_endpoint_that_is_not_granted_is_never_called() {
         .start()
         .await;
     fx.add_provider_id_node("worker-0");
-    let e = provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let e = provider_error(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
     assert!(matches!(e, ProviderError::Denied(_)), "{e:?}");
     assert_eq!(other_hits.load(Ordering::SeqCst), 0);
     assert!(fx.sim.requests().is_empty());
@@ -87,7 +95,11 @@ async fn an_endpoint_that_is_not_granted_is_never_called() {
         .start()
         .await;
     fx.add_provider_id_node("worker-0");
-    let e = provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let e = provider_error(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
     assert!(
         matches!(&e, ProviderError::Denied(m) if m.contains(&fx.sim.http_addr().port().to_string())),
         "{e:?}"

@@ -19,7 +19,11 @@ async fn fm() -> Fixture {
 async fn attach_returns_the_simulators_serial_and_fabric_uuid() {
     let fx = fm().await;
     let machine = fx.add_provider_id_node("worker-0");
-    let (serial, uuid) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let (serial, uuid) = attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
 
     let on_machine = fx.sim.machine_devices(&machine);
     assert_eq!(on_machine.len(), 1);
@@ -49,7 +53,11 @@ async fn attach_returns_the_simulators_serial_and_fabric_uuid() {
 async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
     let fx = fm().await;
     let machine = fx.add_provider_id_node("worker-0");
-    let (serial_a, uuid_a) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let (serial_a, uuid_a) = attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
     let mut req = AddRequest::new(fx.gpu("gpu-b", "worker-0"));
     req.attempt_key = "gpu-b-attempt-1".into();
     req.claims = vec![Claim {
@@ -82,8 +90,11 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
                 "no third attach"
             );
             // A later attach of another resource gets a new device, not b's.
-            let (serial_c, _) =
-                attached(fx.provider.add_resource(&fx.gpu("gpu-c", "worker-0")).await);
+            let (serial_c, _) = attached(
+                fx.provider
+                    .add(&AddRequest::new(fx.gpu("gpu-c", "worker-0")))
+                    .await,
+            );
             assert!(serial_c != serial_a && serial_c != serial_b);
             assert_eq!(fx.sim.machine_devices(&machine).len(), 3);
         }
@@ -100,7 +111,7 @@ async fn check_reports_healthy_warning_critical_and_missing() {
     let fx = fm().await;
     fx.add_provider_id_node("worker-0");
     let mut gpu = fx.gpu("gpu-a", "worker-0");
-    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    let (serial, uuid) = attached(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     gpu.device_id = Some(serial.clone());
     gpu.fabric_device_id = Some(uuid);
 
@@ -132,7 +143,7 @@ async fn detach_removes_the_device_and_an_already_gone_device_counts_as_detached
     let fx = fm().await;
     let machine = fx.add_provider_id_node("worker-0");
     let mut gpu = fx.gpu("gpu-a", "worker-0");
-    let (serial, uuid) = attached(fx.provider.add_resource(&gpu).await);
+    let (serial, uuid) = attached(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     gpu.device_id = Some(serial.clone());
     gpu.fabric_device_id = Some(uuid.clone());
 
@@ -157,7 +168,11 @@ async fn detach_removes_the_device_and_an_already_gone_device_counts_as_detached
     assert_eq!(fx.sim.requests_to(Route::FmDetach).len(), 1);
 
     // Detached behind the provider's back.
-    let (serial2, uuid2) = attached(fx.provider.add_resource(&fx.gpu("gpu-b", "worker-0")).await);
+    let (serial2, uuid2) = attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-b", "worker-0")))
+            .await,
+    );
     fx.sim.detach_directly(&serial2).unwrap();
     let mut gpu2 = fx.gpu("gpu-b", "worker-0");
     gpu2.device_id = Some(serial2);
@@ -184,7 +199,7 @@ async fn get_resources_lists_what_the_simulator_holds_across_nodes() {
         .unwrap();
     let c = fx.sim.attach_directly(&m1, "gpu", "H100 80G").unwrap();
 
-    let mut got = fx.provider.get_resources().await.unwrap();
+    let mut got = fx.provider.list(&[]).await.unwrap();
     got.sort_by(|x, y| x.device_id.cmp(&y.device_id));
     let info = |node: &str, machine: &str, t, d: &fabric_sim::SimDevice| DeviceInfo {
         node: node.into(),
@@ -215,7 +230,7 @@ async fn get_resources_skips_a_machine_the_fabric_does_not_know() {
     fx.add_node_of_unknown_machine("worker-1");
 
     let warnings = fx.provider.warnings();
-    let got = fx.provider.get_resources().await.unwrap();
+    let got = fx.provider.list(&[]).await.unwrap();
     assert_eq!(
         got.iter().map(|d| d.device_id.as_str()).collect::<Vec<_>>(),
         [a.serial.as_str()]
@@ -227,7 +242,7 @@ async fn get_resources_skips_a_machine_the_fabric_does_not_know() {
     // A server error still fails the listing: it would hide every node's devices.
     fx.sim
         .inject(Fault::error(503, "E0503", "maintenance").on(Route::FmGetMachine));
-    let e = fabric_error(fx.provider.get_resources().await);
+    let e = fabric_error(fx.provider.list(&[]).await);
     assert_eq!((e.status, e.code.as_str()), (503, "E0503"));
 }
 
@@ -247,7 +262,7 @@ async fn each_injected_fault_gives_a_typed_error() {
     let add = || {
         attaches.set(attaches.get() + 1);
         let gpu = fxr.gpu(&format!("gpu-{}", attaches.get()), "worker-0");
-        async move { fxr.provider.add_resource(&gpu).await }
+        async move { fxr.provider.add(&AddRequest::new(gpu.clone())).await }
     };
 
     fx.sim
@@ -307,7 +322,7 @@ async fn each_injected_fault_gives_a_typed_error() {
     // attaches anew.
     let patches = fx.sim.requests_to(Route::FmAttach).len();
     let retried = fx.gpu(&format!("gpu-{}", attaches.get()), "worker-0");
-    attached(fx.provider.add_resource(&retried).await);
+    attached(fx.provider.add(&AddRequest::new(retried.clone())).await);
     let sent = fx.sim.requests_to(Route::FmAttach).len() - patches;
     match fx.build {
         Build::V0_2 => assert_eq!(sent, 0, "the device the malformed reply left is adopted"),
@@ -392,13 +407,13 @@ async fn a_node_off_the_fabric_is_not_found() {
     let fx = fm().await;
     fx.add_plain_node("control-plane");
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&fx.gpu("gpu-a", "control-plane")).await),
+        provider_error(fx.provider.add(&AddRequest::new(fx.gpu("gpu-a", "control-plane"))).await),
         ProviderError::NotFound(m) if m.contains("providerID")
     ));
     assert!(matches!(
         provider_error(
             fx.provider
-                .add_resource(&fx.gpu("gpu-a", "no-such-node"))
+                .add(&AddRequest::new(fx.gpu("gpu-a", "no-such-node")))
                 .await
         ),
         ProviderError::NotFound(_)

@@ -29,7 +29,7 @@ async fn python_provider_attaches_checks_lists_and_detaches() {
     let report = fx.provider.capability_report();
     assert!(report.is_clean(), "{report}");
 
-    let Ok(AddOutcome::Attached(a)) = fx.provider.add_resource(&gpu).await else {
+    let Ok(AddOutcome::Attached(a)) = fx.provider.add(&AddRequest::new(gpu.clone())).await else {
         panic!("attach failed")
     };
     assert_eq!(a.machine_id.as_deref(), Some(MACHINE));
@@ -52,7 +52,7 @@ async fn python_provider_attaches_checks_lists_and_detaches() {
     ));
     fx.sim.set_op_status(&serial, "0").unwrap();
 
-    let listed = fx.provider.get_resources().await.unwrap();
+    let listed = fx.provider.list(&[]).await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].node, "worker-0");
     assert_eq!(listed[0].machine_id, MACHINE);
@@ -152,7 +152,7 @@ async fn python_provider_reports_typed_errors() {
     assert!(matches!(
         provider_error(
             fx.provider
-                .add_resource(&fx.gpu("gpu-none", "worker-0"))
+                .add(&AddRequest::new(fx.gpu("gpu-none", "worker-0")))
                 .await
         ),
         ProviderError::NoCapacity(_)
@@ -163,14 +163,14 @@ async fn python_provider_reports_typed_errors() {
             "metadata": {"name": "plain"}, "spec": {"providerID": "kind://docker/plain"}}))
         .unwrap();
     assert!(matches!(
-        provider_error(fx.provider.add_resource(&fx.gpu("gpu-p", "plain")).await),
+        provider_error(fx.provider.add(&AddRequest::new(fx.gpu("gpu-p", "plain"))).await),
         ProviderError::NotFound(m) if m.contains("plain")
     ));
 
     // The Cluster Manager API is not implemented by this example: a typed config error.
     let cm = start(&[("api_type", "CM")]).await;
     assert!(matches!(
-        provider_error(cm.provider.add_resource(&cm.gpu("gpu-cm", "worker-0")).await),
+        provider_error(cm.provider.add(&AddRequest::new(cm.gpu("gpu-cm", "worker-0"))).await),
         ProviderError::Config(m) if m.contains("Fabric Manager")
     ));
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use cro_runtime::{ProviderError, RemoveOutcome};
+use cro_runtime::{AddRequest, ProviderError, RemoveOutcome};
 use fabric_sim::{Fault, Route};
 use provider_it::{Api, Fixture, MODEL, SECRET_NAME, SECRET_NAMESPACE, TestClock};
 
@@ -22,7 +22,11 @@ async fn one_token_serves_a_sequence_of_calls() {
             Api::Cm => fx.add_openshift_node(node),
         };
         let mut gpu = fx.gpu("gpu-a", node);
-        let first = fx.provider.add_resource(&gpu).await.unwrap();
+        let first = fx
+            .provider
+            .add(&AddRequest::new(gpu.clone()))
+            .await
+            .unwrap();
         if api == Api::Cm {
             assert!(matches!(first, cro_runtime::AddOutcome::InProgress(_)));
             fx.sim.complete_pending();
@@ -30,7 +34,7 @@ async fn one_token_serves_a_sequence_of_calls() {
         let (serial, uuid) = match first {
             cro_runtime::AddOutcome::Attached(d) => (d.device_id, d.fabric_device_id),
             cro_runtime::AddOutcome::InProgress(_) => {
-                attached(fx.provider.add_resource(&gpu).await)
+                attached(fx.provider.add(&AddRequest::new(gpu.clone())).await)
             }
         };
         gpu.device_id = Some(serial);
@@ -38,7 +42,7 @@ async fn one_token_serves_a_sequence_of_calls() {
         for _ in 0..3 {
             fx.provider.check_resource(&gpu).await.unwrap();
         }
-        assert_eq!(fx.provider.get_resources().await.unwrap().len(), 1);
+        assert_eq!(fx.provider.list(&[]).await.unwrap().len(), 1);
         let removed = fx.provider.remove_resource(&gpu).await.unwrap();
         if api == Api::Cm {
             assert!(matches!(removed, RemoveOutcome::InProgress(_)));
@@ -81,7 +85,11 @@ async fn a_new_token_is_fetched_only_from_thirty_seconds_before_exp() {
     fx.sim.add_free_devices("gpu", MODEL, 1);
     let node = "worker-0";
     fx.add_provider_id_node(node);
-    let (serial, _) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", node)).await);
+    let (serial, _) = attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", node)))
+            .await,
+    );
     let mut gpu = fx.gpu("gpu-a", node);
     gpu.device_id = Some(serial);
 
@@ -112,7 +120,7 @@ async fn rejected_credentials_are_a_clear_error() {
     let gpu = fx.gpu("gpu-a", "worker-0");
 
     fx.sim.inject(Fault::RejectCredentials.on(Route::Token));
-    let e = provider_error(fx.provider.add_resource(&gpu).await);
+    let e = provider_error(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert!(
         matches!(&e, ProviderError::Config(m) if m.contains("credentials rejected") && m.contains("Invalid user credentials")),
         "{e:?}"
@@ -131,7 +139,7 @@ async fn rejected_credentials_are_a_clear_error() {
             ("realm", fx.sim.realm().to_string()),
         ],
     );
-    let e = provider_error(fx.provider.add_resource(&gpu).await);
+    let e = provider_error(fx.provider.add(&AddRequest::new(gpu.clone())).await);
     assert!(
         matches!(&e, ProviderError::Config(m) if m.contains("credentials rejected")),
         "{e:?}"
@@ -144,7 +152,11 @@ async fn expired_or_revoked_tokens() {
     let fx = Fixture::builder(Api::Fm).start().await;
     fx.sim.add_free_devices("gpu", MODEL, 1);
     fx.add_provider_id_node("worker-0");
-    let (serial, _) = attached(fx.provider.add_resource(&fx.gpu("gpu-a", "worker-0")).await);
+    let (serial, _) = attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-0")))
+            .await,
+    );
     let mut gpu = fx.gpu("gpu-a", "worker-0");
     gpu.device_id = Some(serial);
 
