@@ -88,7 +88,7 @@ ensure_componentize_py() {
   export COMPONENTIZE_PY
 }
 
-# DMTF's Redfish Protocol Validator (PyPI), run by tests/redfish-sim/validate.sh against
+# DMTF's Redfish Protocol Validator (PyPI), run by simulators/redfish/validate.sh against
 # the Redfish simulator. It needs no schema files, so it runs offline. Installed in a venv
 # under ~/.cache/cro/tools, keyed by its version.
 RF_PROTOCOL_VALIDATOR_VERSION=1.3.2

@@ -36,7 +36,7 @@ echo "Python example provider ready in $(( $(date +%s) - t0 )) s"
 
 step "Redfish simulator against DMTF's protocol validator"
 t0=$(date +%s)
-tests/redfish-sim/validate.sh
+simulators/redfish/validate.sh
 echo "validated in $(( $(date +%s) - t0 )) s"
 
 step "cargo test (whole workspace)"

@@ -3,11 +3,11 @@
 //! pods a real GPU cluster has, restarts them when asked, and publishes what a DRA
 //! kubelet plugin would.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
     PatchParams, PostParams,
@@ -301,22 +301,67 @@ pub(crate) async fn round(
     operator_ns: &str,
 ) -> Result<(), kube::Error> {
     let names: Vec<String> = nodes.lock().nodes.keys().cloned().collect();
-    let node_objects: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node_objects: Api<Node> = Api::all(client.clone());
     // One list of Nodes and one of each namespace's pods per round, not a read per node
     // and pod: with fifty nodes, reads one by one made a round take seconds, so a pod
     // became Ready seconds later than its delay says.
-    let live_nodes: std::collections::BTreeSet<String> = node_objects
+    let live_nodes: BTreeSet<String> = node_objects
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
+    let round = Round {
+        client,
+        nodes,
+        setup,
+        node_objects,
+        live_nodes,
+    };
     for spec in daemonsets(setup, operator_ns) {
-        let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
-        let pod_api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+        round.daemonset(&spec, &names, pods).await?;
+    }
+    Ok(())
+}
+
+/// What one round reads once and every DaemonSet's pass uses.
+struct Round<'a> {
+    client: &'a kube::Client,
+    nodes: &'a SimNodes,
+    setup: &'a NodeSetup,
+    node_objects: Api<Node>,
+    live_nodes: BTreeSet<String>,
+}
+
+/// One DaemonSet in a round: its API, its live pods and its template's restart stamp.
+struct DsPass<'a> {
+    spec: &'a DsSpec,
+    pod_api: Api<Pod>,
+    live_pods: BTreeMap<String, Pod>,
+    template: String,
+}
+
+/// The numbers of a DaemonSet's status.
+#[derive(Default)]
+struct DsCounts {
+    desired: usize,
+    ready: usize,
+    updated: usize,
+}
+
+impl Round<'_> {
+    /// Plays one DaemonSet on every node, then writes its status if it changed.
+    async fn daemonset(
+        &self,
+        spec: &DsSpec,
+        names: &[String],
+        pods: &mut Pods,
+    ) -> Result<(), kube::Error> {
+        let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &spec.namespace);
+        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &spec.namespace);
         let Some(ds) = ds_api.get_opt(&spec.name).await? else {
-            continue;
+            return Ok(());
         };
         let live_pods: BTreeMap<String, Pod> = pod_api
             .list(&ListParams::default())
@@ -334,133 +379,204 @@ pub(crate) async fn round(
             .and_then(|a| a.get(RESTARTED_AT))
             .cloned()
             .unwrap_or_default();
-        let mut desired = 0;
-        let mut ready = 0;
-        let mut updated = 0;
-        for node in &names {
-            let key = (spec.name.clone(), node.clone());
-            if !live_nodes.contains(node) {
-                // The node is gone: so are its pods.
-                if let Some(p) = pods.pods.remove(&key) {
-                    forget(nodes, &p);
-                }
-                continue;
-            }
-            // Node feature discovery labels a node once a NVIDIA PCI device is on it.
-            let has_gpu = nodes.has_gpu(node);
-            if spec.needs_gpu && !has_gpu && !pods.pods.contains_key(&key) {
-                continue;
-            }
-            desired += 1;
-            // A pod the operator deleted (or whose template changed) is replaced, as
-            // the kubelet and the DaemonSet controller would.
-            if let Some(existing) = pods.pods.get(&key).cloned() {
-                let deleted = live_pods
-                    .get(&existing.name)
-                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
-                if deleted || existing.template != template {
-                    let _ = pod_api
-                        .delete(&existing.name, &DeleteParams::default().grace_period(0))
-                        .await;
-                    pods.pods.remove(&key);
-                    forget(nodes, &existing);
-                    *pods.restarts.entry(key.clone()).or_default() += 1;
-                }
-            }
-            if !pods.pods.contains_key(&key) {
-                let name = format!("{}-{}", spec.pod_prefix, random_suffix());
-                let pod = pod_object(
-                    &spec.name,
-                    &name,
-                    &spec.namespace,
-                    node,
-                    spec.labels.clone(),
-                    &spec.container,
-                );
-                pod_api.create(&PostParams::default(), &pod).await?;
-                // Running but not Ready: the container starts, its probe has not passed.
-                set_pod_status(&pod_api, &name, false).await?;
-                pods.pods.insert(
-                    key.clone(),
-                    SimPod {
-                        namespace: spec.namespace.clone(),
-                        name: name.clone(),
-                        started: Instant::now(),
-                        ready_after: spec.ready_after,
-                        ready: false,
-                        template: template.clone(),
-                        published: false,
-                    },
-                );
-                if let Some(kind) = spec.kind {
-                    nodes.lock().pods.insert(
-                        (spec.namespace.clone(), name),
-                        ExecPod {
-                            kind,
-                            node: node.clone(),
-                            ready: false,
-                        },
-                    );
-                }
-            }
-            let Some(pod) = pods.pods.get_mut(&key) else {
-                continue;
-            };
-            updated += 1;
-            let became_ready = !pod.ready && pod.started.elapsed() >= pod.ready_after;
-            if became_ready {
-                // The container is up (exec works, the driver's persistence daemon runs)
-                // before the kubelet reports Ready, as on a real node: the operator
-                // execs into the pod as soon as its watch shows Ready, which can be
-                // before this write returns here.
-                {
-                    let mut w = nodes.lock();
-                    if let Some(p) = w.pods.get_mut(&(pod.namespace.clone(), pod.name.clone())) {
-                        p.ready = true;
-                    }
-                    if spec.kind == Some(PodKind::Driver)
-                        && let Some(n) = w.nodes.get_mut(node)
-                    {
-                        n.start_persistenced();
-                    }
-                }
-                set_pod_status(&pod_api, &pod.name, true).await?;
-                pod.ready = true;
-            }
-            if became_ready && spec.name == DEVICE_PLUGIN_DS {
-                report_gpus(&node_objects, &mut pods.gpus_reported, nodes, node).await?;
-            }
-            if pod.ready {
-                ready += 1;
-            }
-            if spec.dra
-                && pod.ready
-                && !pod.published
-                && pod.started.elapsed() >= pod.ready_after + setup.timings.slice_after_ready
-            {
-                // The plugin lists the node's GPUs once, when it starts: a GPU that
-                // comes or goes later is seen only after a restart.
-                let gpus = nodes.listed_gpus(node);
-                publish_slice(client, node, &gpus).await?;
-                pod.published = true;
-            }
+        let pass = DsPass {
+            spec,
+            pod_api,
+            live_pods,
+            template,
+        };
+        let mut counts = DsCounts::default();
+        for node in names {
+            self.node(&pass, pods, node, &mut counts).await?;
         }
-        let status = json!({"status": {
-            "desiredNumberScheduled": desired, "currentNumberScheduled": desired,
-            "numberReady": ready, "updatedNumberScheduled": updated,
-            "numberAvailable": ready, "numberMisscheduled": 0,
-        }});
-        let written = (ds.metadata.uid.clone(), status);
-        if pods.statuses.get(&spec.name) != Some(&written) {
-            ds_api
-                .patch_status(
-                    &spec.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&written.1),
-                )
-                .await?;
-            pods.statuses.insert(spec.name.clone(), written);
+        write_ds_status(&ds_api, &ds, spec, &counts, pods).await
+    }
+
+    /// The DaemonSet's pod on one node: gone with its node, replaced when deleted or
+    /// stale, created when missing, readied when its time has come.
+    async fn node(
+        &self,
+        pass: &DsPass<'_>,
+        pods: &mut Pods,
+        node: &str,
+        counts: &mut DsCounts,
+    ) -> Result<(), kube::Error> {
+        let spec = pass.spec;
+        let key = (spec.name.clone(), node.to_string());
+        if !self.live_nodes.contains(node) {
+            // The node is gone: so are its pods.
+            if let Some(p) = pods.pods.remove(&key) {
+                forget(self.nodes, &p);
+            }
+            return Ok(());
         }
+        // Node feature discovery labels a node once a NVIDIA PCI device is on it.
+        let has_gpu = self.nodes.has_gpu(node);
+        if spec.needs_gpu && !has_gpu && !pods.pods.contains_key(&key) {
+            return Ok(());
+        }
+        counts.desired += 1;
+        self.replace_stale(pass, pods, &key).await;
+        if !pods.pods.contains_key(&key) {
+            self.create_pod(pass, pods, node, key.clone()).await?;
+        }
+        let Some(pod) = pods.pods.get_mut(&key) else {
+            return Ok(());
+        };
+        counts.updated += 1;
+        self.advance_pod(pass, pod, &mut pods.gpus_reported, node)
+            .await?;
+        if pod.ready {
+            counts.ready += 1;
+        }
+        Ok(())
+    }
+
+    /// A pod the operator deleted (or whose template changed) is replaced, as the
+    /// kubelet and the DaemonSet controller would: this deletes it.
+    async fn replace_stale(&self, pass: &DsPass<'_>, pods: &mut Pods, key: &(String, String)) {
+        let Some(existing) = pods.pods.get(key).cloned() else {
+            return;
+        };
+        let deleted = pass
+            .live_pods
+            .get(&existing.name)
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        if deleted || existing.template != pass.template {
+            let _ = pass
+                .pod_api
+                .delete(&existing.name, &DeleteParams::default().grace_period(0))
+                .await;
+            pods.pods.remove(key);
+            forget(self.nodes, &existing);
+            *pods.restarts.entry(key.clone()).or_default() += 1;
+        }
+    }
+
+    /// Creates the DaemonSet's pod on `node`, Running but not Ready, and the pod a
+    /// command can be exec'd in.
+    async fn create_pod(
+        &self,
+        pass: &DsPass<'_>,
+        pods: &mut Pods,
+        node: &str,
+        key: (String, String),
+    ) -> Result<(), kube::Error> {
+        let spec = pass.spec;
+        let name = format!("{}-{}", spec.pod_prefix, random_suffix());
+        let pod = pod_object(
+            &spec.name,
+            &name,
+            &spec.namespace,
+            node,
+            spec.labels.clone(),
+            &spec.container,
+        );
+        pass.pod_api.create(&PostParams::default(), &pod).await?;
+        // Running but not Ready: the container starts, its probe has not passed.
+        set_pod_status(&pass.pod_api, &name, false).await?;
+        pods.pods.insert(
+            key,
+            SimPod {
+                namespace: spec.namespace.clone(),
+                name: name.clone(),
+                started: Instant::now(),
+                ready_after: spec.ready_after,
+                ready: false,
+                template: pass.template.clone(),
+                published: false,
+            },
+        );
+        if let Some(kind) = spec.kind {
+            self.nodes.lock().pods.insert(
+                (spec.namespace.clone(), name),
+                ExecPod {
+                    kind,
+                    node: node.to_string(),
+                    ready: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Readies a pod whose delay has passed (the device plugin then reports the node's
+    /// GPUs) and, for a DRA plugin, publishes its slice a while after.
+    async fn advance_pod(
+        &self,
+        pass: &DsPass<'_>,
+        pod: &mut SimPod,
+        gpus_reported: &mut BTreeMap<String, usize>,
+        node: &str,
+    ) -> Result<(), kube::Error> {
+        let spec = pass.spec;
+        let became_ready = !pod.ready && pod.started.elapsed() >= pod.ready_after;
+        if became_ready {
+            self.start_containers(spec, pod, node);
+            set_pod_status(&pass.pod_api, &pod.name, true).await?;
+            pod.ready = true;
+        }
+        if became_ready && spec.name == DEVICE_PLUGIN_DS {
+            report_gpus(&self.node_objects, gpus_reported, self.nodes, node).await?;
+        }
+        if spec.dra
+            && pod.ready
+            && !pod.published
+            && pod.started.elapsed() >= pod.ready_after + self.setup.timings.slice_after_ready
+        {
+            // The plugin lists the node's GPUs once, when it starts: a GPU that
+            // comes or goes later is seen only after a restart.
+            let gpus = self.nodes.listed_gpus(node);
+            publish_slice(self.client, node, &gpus).await?;
+            pod.published = true;
+        }
+        Ok(())
+    }
+
+    /// The container is up (exec works, the driver's persistence daemon runs) before
+    /// the kubelet reports Ready, as on a real node: the operator execs into the pod as
+    /// soon as its watch shows Ready, which can be before that write returns.
+    fn start_containers(&self, spec: &DsSpec, pod: &SimPod, node: &str) {
+        let mut w = self.nodes.lock();
+        if let Some(p) = w.pods.get_mut(&(pod.namespace.clone(), pod.name.clone())) {
+            p.ready = true;
+        }
+        if spec.kind == Some(PodKind::Driver)
+            && let Some(n) = w.nodes.get_mut(node)
+        {
+            n.start_persistenced();
+        }
+    }
+}
+
+/// Writes a DaemonSet's status unless the same was written to the same DaemonSet.
+async fn write_ds_status(
+    ds_api: &Api<DaemonSet>,
+    ds: &DaemonSet,
+    spec: &DsSpec,
+    counts: &DsCounts,
+    pods: &mut Pods,
+) -> Result<(), kube::Error> {
+    let DsCounts {
+        desired,
+        ready,
+        updated,
+    } = counts;
+    let status = json!({"status": {
+        "desiredNumberScheduled": desired, "currentNumberScheduled": desired,
+        "numberReady": ready, "updatedNumberScheduled": updated,
+        "numberAvailable": ready, "numberMisscheduled": 0,
+    }});
+    let written = (ds.metadata.uid.clone(), status);
+    if pods.statuses.get(&spec.name) != Some(&written) {
+        ds_api
+            .patch_status(
+                &spec.name,
+                &PatchParams::default(),
+                &Patch::Merge(&written.1),
+            )
+            .await?;
+        pods.statuses.insert(spec.name.clone(), written);
     }
     Ok(())
 }

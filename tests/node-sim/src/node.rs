@@ -504,72 +504,15 @@ impl NodeState {
     }
 
     fn smi(&mut self, args: &[&str]) -> Output {
-        const FORMAT: &str = "--format=csv,noheader,nounits";
-        let listed = self.listed();
         match args {
-            [] => {
-                if listed.is_empty() {
-                    return no_devices();
-                }
-                ok(format!(
-                    "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |\n{} GPUs\n",
-                    listed.len()
-                ))
+            [] => self.smi_summary(),
+            [query, format] if query.starts_with("--query-gpu=") && *format == SMI_FORMAT => {
+                self.smi_query_gpus(query)
             }
-            [query, format] if query.starts_with("--query-gpu=") && *format == FORMAT => {
-                if listed.is_empty() {
-                    return no_devices();
-                }
-                let fields: Vec<&str> = query
-                    .strip_prefix("--query-gpu=")
-                    .unwrap_or_default()
-                    .split(',')
-                    .collect();
-                let mut text = String::new();
-                for g in &listed {
-                    let mut values = Vec::new();
-                    for f in &fields {
-                        values.push(match *f {
-                            "device_minor" => g.minor.to_string(),
-                            "gpu_uuid" => g.uuid.clone(),
-                            "pci.bus_id" => g.bus_smi(),
-                            other => {
-                                return fail(
-                                    2,
-                                    format!("Field \"{other}\" is not a valid field to query."),
-                                );
-                            }
-                        });
-                    }
-                    text.push_str(&values.join(", "));
-                    text.push('\n');
-                }
-                ok(text)
+            ["--query-compute-apps=gpu_uuid,process_name", format] if *format == SMI_FORMAT => {
+                self.smi_compute_apps()
             }
-            ["--query-compute-apps=gpu_uuid,process_name", format] if *format == FORMAT => {
-                if listed.is_empty() {
-                    return no_devices();
-                }
-                let mut text = String::new();
-                for g in &listed {
-                    for p in self.busy.get(&g.uuid).into_iter().flatten() {
-                        text.push_str(&format!("{}, {p}\n", g.uuid));
-                    }
-                }
-                ok(text)
-            }
-            ["drain", "-p", bus, "-q"] => match self.gpu_by_bus(bus) {
-                Some(_) if self.quirks.drain_query_reply.is_some() => {
-                    ok(self.quirks.drain_query_reply.clone().unwrap_or_default())
-                }
-                Some(g) if self.maintenance.contains(&g.uuid) => {
-                    ok(format!("The current drain state of {bus} is: draining\n"))
-                }
-                Some(_) => ok(format!(
-                    "The current drain state of {bus} is: not draining\n"
-                )),
-                None => fail(6, format!("Unable to find device {bus}")),
-            },
+            ["drain", "-p", bus, "-q"] => self.smi_drain_state(bus),
             ["drain", "-p", bus, "-m", "1"] => match self.gpu_by_bus(bus) {
                 Some(g) => {
                     self.maintenance.insert(g.uuid);
@@ -579,26 +522,7 @@ impl NodeState {
                 }
                 None => fail(6, format!("Unable to find device {bus}")),
             },
-            ["drain", "-p", bus, "-r"] => match self.gpu_by_bus(bus) {
-                Some(_) if self.quirks.reset_fails => {
-                    fail(3, format!("Failed to remove GPU {bus}: Not Supported"))
-                }
-                Some(g) if self.maintenance.contains(&g.uuid) => {
-                    if !self.holders_of(g.minor).is_empty() {
-                        return fail(
-                            3,
-                            format!("Failed to remove GPU {bus}: In use by another client"),
-                        );
-                    }
-                    self.removed.insert(g.uuid);
-                    ok(format!("Successfully removed GPU {bus} from the system.\n"))
-                }
-                Some(_) => fail(
-                    3,
-                    format!("GPU {bus} must be in drain state before removal"),
-                ),
-                None => fail(6, format!("Unable to find device {bus}")),
-            },
+            ["drain", "-p", bus, "-r"] => self.smi_remove(bus),
             ["-i", uuid, "-pm", "0"] => {
                 let Some(g) = self.gpus.get_mut(*uuid) else {
                     return fail(6, format!("No devices were found matching {uuid}"));
@@ -611,7 +535,110 @@ impl NodeState {
             _ => unknown(format!("nvidia-smi {args:?}")),
         }
     }
+
+    /// `nvidia-smi`: the banner and the number of GPUs.
+    fn smi_summary(&self) -> Output {
+        let listed = self.listed();
+        if listed.is_empty() {
+            return no_devices();
+        }
+        ok(format!(
+            "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |\n{} GPUs\n",
+            listed.len()
+        ))
+    }
+
+    /// `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`.
+    fn smi_query_gpus(&self, query: &str) -> Output {
+        let listed = self.listed();
+        if listed.is_empty() {
+            return no_devices();
+        }
+        let fields: Vec<&str> = query
+            .strip_prefix("--query-gpu=")
+            .unwrap_or_default()
+            .split(',')
+            .collect();
+        let mut text = String::new();
+        for g in &listed {
+            let mut values = Vec::new();
+            for f in &fields {
+                values.push(match *f {
+                    "device_minor" => g.minor.to_string(),
+                    "gpu_uuid" => g.uuid.clone(),
+                    "pci.bus_id" => g.bus_smi(),
+                    other => {
+                        return fail(
+                            2,
+                            format!("Field \"{other}\" is not a valid field to query."),
+                        );
+                    }
+                });
+            }
+            text.push_str(&values.join(", "));
+            text.push('\n');
+        }
+        ok(text)
+    }
+
+    /// `nvidia-smi --query-compute-apps=gpu_uuid,process_name`: the processes on GPUs.
+    fn smi_compute_apps(&self) -> Output {
+        let listed = self.listed();
+        if listed.is_empty() {
+            return no_devices();
+        }
+        let mut text = String::new();
+        for g in &listed {
+            for p in self.busy.get(&g.uuid).into_iter().flatten() {
+                text.push_str(&format!("{}, {p}\n", g.uuid));
+            }
+        }
+        ok(text)
+    }
+
+    /// `nvidia-smi drain -p <bus> -q`.
+    fn smi_drain_state(&self, bus: &str) -> Output {
+        match self.gpu_by_bus(bus) {
+            Some(_) if self.quirks.drain_query_reply.is_some() => {
+                ok(self.quirks.drain_query_reply.clone().unwrap_or_default())
+            }
+            Some(g) if self.maintenance.contains(&g.uuid) => {
+                ok(format!("The current drain state of {bus} is: draining\n"))
+            }
+            Some(_) => ok(format!(
+                "The current drain state of {bus} is: not draining\n"
+            )),
+            None => fail(6, format!("Unable to find device {bus}")),
+        }
+    }
+
+    /// `nvidia-smi drain -p <bus> -r`: removes a drained GPU nobody holds.
+    fn smi_remove(&mut self, bus: &str) -> Output {
+        match self.gpu_by_bus(bus) {
+            Some(_) if self.quirks.reset_fails => {
+                fail(3, format!("Failed to remove GPU {bus}: Not Supported"))
+            }
+            Some(g) if self.maintenance.contains(&g.uuid) => {
+                if !self.holders_of(g.minor).is_empty() {
+                    return fail(
+                        3,
+                        format!("Failed to remove GPU {bus}: In use by another client"),
+                    );
+                }
+                self.removed.insert(g.uuid);
+                ok(format!("Successfully removed GPU {bus} from the system.\n"))
+            }
+            Some(_) => fail(
+                3,
+                format!("GPU {bus} must be in drain state before removal"),
+            ),
+            None => fail(6, format!("Unable to find device {bus}")),
+        }
+    }
 }
+
+/// The output format every `nvidia-smi` query the operator runs asks for.
+const SMI_FORMAT: &str = "--format=csv,noheader,nounits";
 
 #[cfg(test)]
 mod tests {
