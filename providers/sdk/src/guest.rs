@@ -10,7 +10,7 @@ use crate::host::{
 };
 
 /// The capability imports alone (a world with no export), so a crate wrapping provider
-/// logic in another contract version can reuse [`WasmHost`] (tests/fti-v0-1-0 does)
+/// logic in another contract version can reuse [`WasmHost`] (providers/test-components/fti-v0-1-0 does)
 /// without this crate's 0.2.0 export being linked in.
 #[doc(hidden)]
 pub mod imports {

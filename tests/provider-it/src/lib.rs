@@ -2,7 +2,7 @@
 //! cro runtime against the fabric simulator, over HTTPS on loopback.
 //!
 //! Two builds of FTI can be loaded ([`Build`]): the contract 0.2.0 component (the
-//! default) and the 0.1.0 fixture `tests/fti-v0-1-0`. `CRO_FTI_CONTRACT=0.1.0` makes
+//! default) and the 0.1.0 fixture `providers/test-components/fti-v0-1-0`. `CRO_FTI_CONTRACT=0.1.0` makes
 //! every fixture load the 0.1.0 build, so the whole suite proves old components still
 //! work (scripts/test.sh runs it both ways).
 //!
@@ -99,7 +99,7 @@ pub(crate) fn shared_runtime() -> Runtime {
 pub enum Build {
     /// `providers/fti`: contract 0.2.0, on the SDK.
     V0_2,
-    /// `tests/fti-v0-1-0`: the same logic in the 0.1.0 world.
+    /// `providers/test-components/fti-v0-1-0`: the same logic in the 0.1.0 world.
     V0_1,
 }
 

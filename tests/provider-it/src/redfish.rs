@@ -1,5 +1,5 @@
 //! A fixture for the Redfish provider component (built from `providers/redfish`) in the
-//! cro runtime against the Redfish simulator (`tests/redfish-sim`), over plain HTTP on
+//! cro runtime against the Redfish simulator (`simulators/redfish`), over plain HTTP on
 //! loopback.
 
 use std::sync::{Arc, OnceLock};

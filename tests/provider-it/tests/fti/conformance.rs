@@ -118,7 +118,7 @@ async fn the_fti_provider_passes() {
     }
 }
 
-/// The contract 0.1.0 build of FTI (tests/fti-v0-1-0) on the Fabric Manager: its host
+/// The contract 0.1.0 build of FTI (providers/test-components/fti-v0-1-0) on the Fabric Manager: its host
 /// passes no attempt key or claims, so its retried attach after a lost reply attaches
 /// a second device (so does its retry after a malformed attach reply, which the fabric
 /// acted on). The suite says so as a skip naming the contract (a 0.2.0 provider doing
