@@ -76,9 +76,38 @@ async fn run(hold: bool) -> Result<()> {
     let mut timings: Vec<(&'static str, Duration)> = Vec::new();
     println!("cro local demo: the operator converging a ComposabilityRequest end to end\n");
 
-    // 1. Everything starts.
-    println!("[1/6] Start the parts");
     let t = Instant::now();
+    let mut env = start_parts(hold).await;
+    timings.push((
+        "start the control plane, simulator, component, operator",
+        t.elapsed(),
+    ));
+
+    let outcome = flow(&env, hold, &mut timings).await;
+    if outcome.is_err() {
+        // Stopped before the API server goes, so it does not log lost connections.
+        env.kill_operator().await;
+        return outcome;
+    }
+    env.stop_operator()
+        .await
+        .context("the operator stopped with an error")?;
+
+    println!("\nSummary");
+    for (what, took) in &timings {
+        println!("  {:<58} {:>7}", what, secs(*took));
+    }
+    println!("  {:<58} {:>7}", "total", secs(total.elapsed()));
+    println!("\ndemo passed: attach, grow, shrink and delete all converged");
+    // Dropping the environment stops the simulator, then the API server and etcd.
+    drop(env);
+    Ok(())
+}
+
+/// Step 1: the API server and etcd, the fabric simulator, the FTI component and the
+/// operator, each printed with where to find it.
+async fn start_parts(hold: bool) -> Env {
+    println!("[1/6] Start the parts");
     let mut env = Env::start().await;
     let (apiserver, crds) = env.harness.startup_timings();
     println!(
@@ -117,37 +146,42 @@ async fn run(hold: bool) -> Result<()> {
     println!(
         "  operator               running (nodes simulated: GPU operator, device plugin, nvidia-smi)"
     );
-    timings.push((
-        "start the control plane, simulator, component, operator",
-        t.elapsed(),
-    ));
-
-    let outcome = flow(&env, hold, &mut timings).await;
-    if outcome.is_err() {
-        // Stopped before the API server goes, so it does not log lost connections.
-        env.kill_operator().await;
-        return outcome;
-    }
-    env.stop_operator()
-        .await
-        .context("the operator stopped with an error")?;
-
-    println!("\nSummary");
-    for (what, took) in &timings {
-        println!("  {:<58} {:>7}", what, secs(*took));
-    }
-    println!("  {:<58} {:>7}", "total", secs(total.elapsed()));
-    println!("\ndemo passed: attach, grow, shrink and delete all converged");
-    // Dropping the environment stops the simulator, then the API server and etcd.
-    drop(env);
-    Ok(())
+    env
 }
 
 /// Steps 2 to 6, against the running parts.
 async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>) -> Result<()> {
-    // 2. Nodes backed by simulator machines, and a pool of free GPUs.
-    println!("\n[2/6] Nodes and the GPU pool");
     let t = Instant::now();
+    let machines = nodes_and_pool(env).await;
+    timings.push(("create 3 nodes and the pool", t.elapsed()));
+
+    let request = read_readme_request()?;
+    let name = request.name_any();
+    let mut watch = Watch::new(env, &name, &machines);
+    let took = apply_readme_request(env, &mut watch, &request).await?;
+    timings.push(("attach 2 GPUs (README request)", took));
+    if hold {
+        hold_until_enter().await;
+    }
+
+    let took = grow(env, &mut watch, &name).await?;
+    timings.push(("grow to 3", took));
+    let took = shrink(env, &mut watch, &name).await?;
+    timings.push(("shrink to 1", took));
+    let took = delete(env, &mut watch, &name).await?;
+    timings.push(("delete: detach all, release finalizers", took));
+
+    let unknown = env.nodes.unknown_commands();
+    if !unknown.is_empty() {
+        bail!("the operator ran node commands no simulated node knows: {unknown:?}");
+    }
+    Ok(())
+}
+
+/// Step 2: nodes backed by simulator machines, and a pool of free GPUs. Returns
+/// machine uuid → node name.
+async fn nodes_and_pool(env: &Env) -> BTreeMap<String, String> {
+    println!("\n[2/6] Nodes and the GPU pool");
     let mut machines: BTreeMap<String, String> = BTreeMap::new();
     for node in NODES {
         let machine = env.add_node(node, "16").await;
@@ -161,9 +195,11 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
         "  fabric pool: {} x {MODEL} free",
         env.sim.free_devices("gpu", MODEL)
     );
-    timings.push(("create 3 nodes and the pool", t.elapsed()));
+    machines
+}
 
-    // 3. The Go operator's README request, exactly as in its README.
+/// The Go operator's README request, exactly as in its README, printed as read.
+fn read_readme_request() -> Result<ComposabilityRequest> {
     println!("\n[3/6] Apply the Go operator's README example ({FIXTURE}, unchanged)");
     let path = workspace_root().join(FIXTURE);
     let yaml = std::fs::read_to_string(&path)
@@ -171,8 +207,15 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
     for line in yaml.lines().filter(|l| !l.trim().is_empty()) {
         println!("  | {line}");
     }
-    let request: ComposabilityRequest =
-        serde_yaml::from_str(&yaml).with_context(|| format!("{FIXTURE} is not a request"))?;
+    serde_yaml::from_str(&yaml).with_context(|| format!("{FIXTURE} is not a request"))
+}
+
+/// Step 3: creates the request and waits until it runs with its GPUs on its target node.
+async fn apply_readme_request(
+    env: &Env,
+    watch: &mut Watch<'_>,
+    request: &ComposabilityRequest,
+) -> Result<Duration> {
     let name = request.name_any();
     let size = usize::try_from(request.spec.resource.size).context("negative size")?;
     let target = request
@@ -182,10 +225,9 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
         .clone()
         .unwrap_or_default();
     env.requests()
-        .create(&PostParams::default(), &request)
+        .create(&PostParams::default(), request)
         .await
         .context("creating the request")?;
-    let mut watch = Watch::new(env, &name, &machines);
     let took = watch
         .until(&format!("{name} Running with {size} GPUs"), |s| {
             s.running(size)
@@ -201,35 +243,40 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
         bail!("not every GPU went to the target node {target}");
     }
     println!("  all on {target}, the request's target_node");
-    timings.push(("attach 2 GPUs (README request)", took));
-    if hold {
-        println!(
-            "\n  holding: the cluster is yours to look at (kubeconfig above); press Enter to go on"
-        );
-        // EOF or an unreadable stdin just goes on.
-        let _ =
-            tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
-    }
+    Ok(took)
+}
 
-    // 4. Grow.
+/// `--hold`: the cluster stays as it is until Enter is pressed.
+async fn hold_until_enter() {
+    println!(
+        "\n  holding: the cluster is yours to look at (kubeconfig above); press Enter to go on"
+    );
+    // EOF or an unreadable stdin just goes on.
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+}
+
+/// Step 4.
+async fn grow(env: &Env, watch: &mut Watch<'_>, name: &str) -> Result<Duration> {
     println!("\n[4/6] Grow to 3");
     println!(
         "  (as: kubectl patch composabilityrequest {name} --type merge -p '{{\"spec\":{{\"resource\":{{\"size\":3}}}}}}')"
     );
-    resize(env, &name, 3).await?;
+    resize(env, name, 3).await?;
     let took = watch
         .until(&format!("{name} Running with 3 GPUs"), |s| s.running(3))
         .await?;
     watch.show_devices(env);
-    timings.push(("grow to 3", took));
+    Ok(took)
+}
 
-    // 5. Shrink: the operator picks which device goes.
+/// Step 5: the operator picks which device goes; the demo shows where each went.
+async fn shrink(env: &Env, watch: &mut Watch<'_>, name: &str) -> Result<Duration> {
     println!("\n[5/6] Shrink to 1 (the operator chooses which GPUs to detach)");
     println!(
         "  (as: kubectl patch composabilityrequest {name} --type merge -p '{{\"spec\":{{\"resource\":{{\"size\":1}}}}}}')"
     );
     let before = watch.devices();
-    resize(env, &name, 1).await?;
+    resize(env, name, 1).await?;
     let took = watch
         .until(&format!("{name} Running with 1 GPU"), |s| s.running(1))
         .await?;
@@ -242,12 +289,14 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
         println!("  detached {device} (was {resource}): {home}");
     }
     watch.show_devices(env);
-    timings.push(("shrink to 1", took));
+    Ok(took)
+}
 
-    // 6. Delete: devices go back, finalizers are released.
+/// Step 6: devices go back, finalizers are released, nothing is left behind.
+async fn delete(env: &Env, watch: &mut Watch<'_>, name: &str) -> Result<Duration> {
     println!("\n[6/6] Delete the request (as: kubectl delete composabilityrequest {name})");
     env.requests()
-        .delete(&name, &DeleteParams::default())
+        .delete(name, &DeleteParams::default())
         .await
         .context("deleting the request")?;
     let took = watch
@@ -270,13 +319,7 @@ async fn flow(env: &Env, hold: bool, timings: &mut Vec<(&'static str, Duration)>
         "  fabric pool: {}/{POOL} GPUs free, no machine holds a GPU",
         env.sim.free_devices("gpu", MODEL)
     );
-    timings.push(("delete: detach all, release finalizers", took));
-
-    let unknown = env.nodes.unknown_commands();
-    if !unknown.is_empty() {
-        bail!("the operator ran node commands no simulated node knows: {unknown:?}");
-    }
-    Ok(())
+    Ok(took)
 }
 
 async fn resize(env: &Env, name: &str, size: i64) -> Result<()> {

@@ -276,57 +276,72 @@ pub fn add<H: Host + ?Sized>(
 
     let pending = load::<PendingAdd>(host, &add_key(r))
         .filter(|p| p.machine == machine && p.spec_uuid == spec_uuid);
-    if let Some(p) = pending {
-        let new_devices = spec
-            .devices
-            .iter()
-            .any(|d| d.id().is_some_and(|id| !p.baseline.contains(id)));
-        if p.unsure && !new_devices && spec.current_count() <= p.count_before {
-            // The lost request left no trace on the fabric: ask again below.
-            host.state_remove(&add_key(r));
-            host.log(
-                LogLevel::Info,
-                &format!("the unanswered resize of spec {spec_uuid} on machine {machine} left no trace; asking again"),
-            );
-            return ask(f, r, machine, spec, spec_uuid, waiting);
-        }
-        let mine = |d: &&Device| {
-            d.id().is_some_and(|id| {
-                // The cluster's claims (what ComposableResources hold) decide even when
-                // the provider's own record of handed-out devices was lost.
-                !p.baseline.contains(id)
-                    && !req.claimed_by_another(id)
-                    && CLAIMS.holder(host, id).is_none_or(|owner| owner == r.name)
-            })
-        };
-        let new: Vec<&Device> = spec.devices.iter().filter(mine).collect();
-        if let Some(d) = new.iter().find(|d| d.status() == ADD_COMPLETE) {
-            let id = d.id().unwrap_or_default();
-            let fabric_id = d.fabric_id().ok_or_else(|| {
-                ProviderError::malformed(format!("added device {id} has no detail.res_uuid"))
-            })?;
-            CLAIMS.hand(host, id, &r.name);
-            host.state_remove(&add_key(r));
-            return Ok(AddOutcome::Attached(AttachedDevice {
-                device_id: id.to_string(),
-                fabric_device_id: fabric_id.to_string(),
-                machine_id: Some(machine.to_string()),
-            }));
-        }
-        if new.iter().any(|d| d.status() != ADD_FAILED) {
-            return Ok(waiting());
-        }
-        if let Some(d) = new.first() {
-            let id = d.id().unwrap_or_default();
-            // Keep the failed device away from other resources waiting on this spec.
-            CLAIMS.hand(host, id, &r.name);
-            host.state_remove(&add_key(r));
-            return Err(d.failure(ADD_FAILED));
-        }
+    match pending {
+        Some(p) => follow_pending(f, req, machine, spec, spec_uuid, &p, waiting),
+        None => ask(f, r, machine, spec, spec_uuid, waiting),
+    }
+}
+
+/// Follows the resize an earlier call of this attach asked for (`p`): the new device
+/// once it is added, its failure, or a new request when the first left no trace.
+fn follow_pending<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    req: &AddRequest,
+    machine: &str,
+    spec: &ResSpec,
+    spec_uuid: &str,
+    p: &PendingAdd,
+    waiting: impl Fn() -> AddOutcome,
+) -> Result<AddOutcome, ProviderError> {
+    let r = &req.resource;
+    let host = f.host();
+    let new_devices = spec
+        .devices
+        .iter()
+        .any(|d| d.id().is_some_and(|id| !p.baseline.contains(id)));
+    if p.unsure && !new_devices && spec.current_count() <= p.count_before {
+        // The lost request left no trace on the fabric: ask again.
+        host.state_remove(&add_key(r));
+        host.log(
+            LogLevel::Info,
+            &format!("the unanswered resize of spec {spec_uuid} on machine {machine} left no trace; asking again"),
+        );
+        return ask(f, r, machine, spec, spec_uuid, waiting);
+    }
+    let mine = |d: &&Device| {
+        d.id().is_some_and(|id| {
+            // The cluster's claims (what ComposableResources hold) decide even when
+            // the provider's own record of handed-out devices was lost.
+            !p.baseline.contains(id)
+                && !req.claimed_by_another(id)
+                && CLAIMS.holder(host, id).is_none_or(|owner| owner == r.name)
+        })
+    };
+    let new: Vec<&Device> = spec.devices.iter().filter(mine).collect();
+    if let Some(d) = new.iter().find(|d| d.status() == ADD_COMPLETE) {
+        let id = d.id().unwrap_or_default();
+        let fabric_id = d.fabric_id().ok_or_else(|| {
+            ProviderError::malformed(format!("added device {id} has no detail.res_uuid"))
+        })?;
+        CLAIMS.hand(host, id, &r.name);
+        host.state_remove(&add_key(r));
+        return Ok(AddOutcome::Attached(AttachedDevice {
+            device_id: id.to_string(),
+            fabric_device_id: fabric_id.to_string(),
+            machine_id: Some(machine.to_string()),
+        }));
+    }
+    if new.iter().any(|d| d.status() != ADD_FAILED) {
         return Ok(waiting());
     }
-
-    ask(f, r, machine, spec, spec_uuid, waiting)
+    if let Some(d) = new.first() {
+        let id = d.id().unwrap_or_default();
+        // Keep the failed device away from other resources waiting on this spec.
+        CLAIMS.hand(host, id, &r.name);
+        host.state_remove(&add_key(r));
+        return Err(d.failure(ADD_FAILED));
+    }
+    Ok(waiting())
 }
 
 /// Asks the cluster manager for one more device of `spec`, remembering first what the
@@ -448,6 +463,20 @@ pub fn remove<H: Host + ?Sized>(
         // A change of this device is under way already; ask once it settles.
         return Ok(waiting);
     }
+    ask_removal(f, r, machine, spec, &id)?;
+    Ok(waiting)
+}
+
+/// Asks the cluster manager to remove device `id` of `spec`, noting first that it was
+/// asked (so the next call waits instead of asking again).
+fn ask_removal<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    r: &ComposableResource,
+    machine: &str,
+    spec: &ResSpec,
+    id: &str,
+) -> Result<(), ProviderError> {
+    let host = f.host();
     let spec_uuid = present(&spec.spec_uuid)
         .ok_or_else(|| ProviderError::malformed("the device's resource spec has no spec_uuid"))?;
     store(
@@ -455,7 +484,7 @@ pub fn remove<H: Host + ?Sized>(
         &remove_key(r),
         &PendingRemove {
             machine: machine.to_string(),
-            device_id: id.clone(),
+            device_id: id.to_string(),
         },
         PENDING_REMOVE_TTL_MS,
     )?;
@@ -468,7 +497,7 @@ pub fn remove<H: Host + ?Sized>(
         host.state_remove(&remove_key(r));
         return Err(e);
     }
-    Ok(waiting)
+    Ok(())
 }
 
 pub fn check<H: Host + ?Sized>(

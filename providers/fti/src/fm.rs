@@ -214,35 +214,54 @@ pub fn add<H: Host + ?Sized>(
     machine: &str,
     known_claims: bool,
 ) -> Result<AddOutcome, ProviderError> {
-    let r = &req.resource;
     let host = f.host();
     let retry = known_claims && host.state_get(&attempt_key(&req.attempt_key)).is_some();
-    if retry {
-        let m = read_machine(f, machine)?;
-        if let Some(res) = adoptable(&m, req, |id| HANDED.holder(f.host(), id)) {
-            let outcome = outcome_of(f, res, r, machine)?;
-            f.host().log(
-                LogLevel::Info,
-                &format!(
-                    "machine {machine} already holds unclaimed {} '{}' {}; adopted for {} instead of attaching another (an earlier attach's reply was lost)",
-                    r.device_type,
-                    r.model,
-                    present(&res.res_serial_num).unwrap_or_default(),
-                    r.name
-                ),
-            );
-            host.state_remove(&attempt_key(&req.attempt_key));
-            return Ok(outcome);
-        }
+    if retry && let Some(outcome) = adopt_after_lost_reply(f, req, machine)? {
+        return Ok(outcome);
     }
     // Noted before the request goes out: if its reply is lost, the retry adopts.
-    if known_claims
-        && !host.state_set(
-            &attempt_key(&req.attempt_key),
-            r.name.as_bytes(),
-            Some(HANDOUT_TTL_MS),
-        )
-    {
+    if known_claims {
+        note_attempt(host, req);
+    }
+    let outcome = attach_one(f, &req.resource, machine)?;
+    host.state_remove(&attempt_key(&req.attempt_key));
+    Ok(outcome)
+}
+
+/// A device of the request's kind on the machine that no resource holds, taken as the
+/// one an earlier attach of this attempt got (its reply was lost).
+fn adopt_after_lost_reply<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    req: &AddRequest,
+    machine: &str,
+) -> Result<Option<AddOutcome>, ProviderError> {
+    let r = &req.resource;
+    let m = read_machine(f, machine)?;
+    let Some(res) = adoptable(&m, req, |id| HANDED.holder(f.host(), id)) else {
+        return Ok(None);
+    };
+    let outcome = outcome_of(f, res, r, machine)?;
+    f.host().log(
+        LogLevel::Info,
+        &format!(
+            "machine {machine} already holds unclaimed {} '{}' {}; adopted for {} instead of attaching another (an earlier attach's reply was lost)",
+            r.device_type,
+            r.model,
+            present(&res.res_serial_num).unwrap_or_default(),
+            r.name
+        ),
+    );
+    f.host().state_remove(&attempt_key(&req.attempt_key));
+    Ok(Some(outcome))
+}
+
+fn note_attempt<H: Host + ?Sized>(host: &H, req: &AddRequest) {
+    let r = &req.resource;
+    if !host.state_set(
+        &attempt_key(&req.attempt_key),
+        r.name.as_bytes(),
+        Some(HANDOUT_TTL_MS),
+    ) {
         host.log(
             LogLevel::Warn,
             &format!(
@@ -251,6 +270,15 @@ pub fn add<H: Host + ?Sized>(
             ),
         );
     }
+}
+
+/// PATCHes the machine for one device of the resource's type and model, and checks the
+/// reply names such a device.
+fn attach_one<H: Host + ?Sized>(
+    f: &Fabric<'_, H>,
+    r: &ComposableResource,
+    machine: &str,
+) -> Result<AddOutcome, ProviderError> {
     let body = json!({"tenants": {
         "tenant_uuid": f.config().tenant_id,
         "machines": [{
@@ -282,9 +310,7 @@ pub fn add<H: Host + ?Sized>(
             r.model
         )));
     }
-    let outcome = outcome_of(f, &res, r, machine)?;
-    host.state_remove(&attempt_key(&req.attempt_key));
-    Ok(outcome)
+    outcome_of(f, &res, r, machine)
 }
 
 /// The resource's outcome for a device on the machine (attached or adopted), recorded

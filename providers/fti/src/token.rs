@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::encode;
-use crate::host::{Host, HttpRequest, LogLevel, Method, SecretError, unix_now};
+use crate::host::{Host, HttpRequest, HttpResponse, LogLevel, Method, SecretError, unix_now};
 use crate::jwt;
 use crate::model::ProviderError;
 use crate::reply::{body_text, fabric_error, http_failure};
@@ -78,6 +78,25 @@ pub fn forget<H: Host + ?Sized>(host: &H) {
 
 /// Requests a new token and caches it.
 pub fn fetch<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<Token, ProviderError> {
+    let request = password_grant(host, cfg)?;
+    host.log(
+        LogLevel::Debug,
+        "requesting an access token from the identity manager",
+    );
+    let reply = host
+        .http_send(request)
+        .map_err(|e| http_failure("identity manager", e))?;
+    let access_token = access_token_of(&reply)?;
+    let exp = jwt::expiry(&access_token).map_err(|e| ProviderError::malformed(e.to_string()))?;
+    cache(host, cfg, &access_token, exp);
+    Ok(Token {
+        access_token,
+        cached: false,
+    })
+}
+
+/// The OAuth2 password grant's request, from the granted Secret's credentials.
+fn password_grant<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<HttpRequest, ProviderError> {
     let keys = &cfg.secret_keys;
     let username = secret(host, &keys.username)?;
     let password = secret(host, &keys.password)?;
@@ -99,26 +118,23 @@ pub fn fetch<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<Token, Provider
         ("response_type", "id_token token"),
         ("grant_type", "password"),
     ]);
-    host.log(
-        LogLevel::Debug,
-        "requesting an access token from the identity manager",
-    );
-    let reply = host
-        .http_send(HttpRequest {
-            method: Method::Post,
-            url,
-            headers: vec![
-                (
-                    "content-type".into(),
-                    "application/x-www-form-urlencoded".into(),
-                ),
-                ("accept".into(), "application/json".into()),
-            ],
-            body: body.into_bytes(),
-            timeout_ms: cfg.timeout_ms,
-        })
-        .map_err(|e| http_failure("identity manager", e))?;
+    Ok(HttpRequest {
+        method: Method::Post,
+        url,
+        headers: vec![
+            (
+                "content-type".into(),
+                "application/x-www-form-urlencoded".into(),
+            ),
+            ("accept".into(), "application/json".into()),
+        ],
+        body: body.into_bytes(),
+        timeout_ms: cfg.timeout_ms,
+    })
+}
 
+/// The access token of the identity manager's reply (trimmed, never empty).
+fn access_token_of(reply: &HttpResponse) -> Result<String, ProviderError> {
     if reply.status == 401 {
         return Err(ProviderError::Config(format!(
             "credentials rejected by the identity manager (HTTP 401): {}",
@@ -130,18 +146,21 @@ pub fn fetch<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<Token, Provider
     }
     let parsed: TokenReply = serde_json::from_slice(&reply.body)
         .map_err(|e| ProviderError::malformed(format!("token reply is not JSON: {e}")))?;
-    let access_token = parsed
+    parsed
         .access_token
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| ProviderError::malformed("token reply has no access_token"))?;
-    let exp = jwt::expiry(&access_token).map_err(|e| ProviderError::malformed(e.to_string()))?;
+        .ok_or_else(|| ProviderError::malformed("token reply has no access_token"))
+}
 
+/// Stores the token in the host's state until [`RENEW_BEFORE_SECS`] before its `exp`;
+/// one that is not fresh even now is not cached.
+fn cache<H: Host + ?Sized>(host: &H, cfg: &Config, access_token: &str, exp: u64) {
     let now = unix_now(host);
     let fresh_for = exp.saturating_sub(RENEW_BEFORE_SECS).saturating_sub(now);
     if fresh_for > 0 {
         let cached = Cached {
-            access_token: access_token.clone(),
+            access_token: access_token.to_string(),
             exp,
             base_url: cfg.base_url.clone(),
         };
@@ -157,10 +176,6 @@ pub fn fetch<H: Host + ?Sized>(host: &H, cfg: &Config) -> Result<Token, Provider
             &format!("access token expires at {exp}, within {RENEW_BEFORE_SECS}s of now ({now}); not caching it"),
         );
     }
-    Ok(Token {
-        access_token,
-        cached: false,
-    })
 }
 
 fn secret<H: Host + ?Sized>(host: &H, key: &str) -> Result<String, ProviderError> {

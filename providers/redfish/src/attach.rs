@@ -235,9 +235,28 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
 
     /// Chooses an unused fitting block nobody holds and composes it into the system.
     fn compose_free(&self) -> Result<AddOutcome, ProviderError> {
+        match self.choose_free()? {
+            Choice::OnWayHere(slot) => {
+                // Being composed into this system for nobody known: this attempt's,
+                // from before a lost reply and a lost record.
+                let a = Attempt {
+                    system: self.system.to_string(),
+                    block: slot.block.id.clone(),
+                    task: None,
+                };
+                self.save(&a);
+                Ok(self.composing(&a.block, None))
+            }
+            Choice::Unused(slot) => self.compose(&slot),
+            Choice::None { looked } => Err(self.no_capacity(looked)),
+        }
+    }
+
+    /// The first usable block of the wanted type that is unused or already on its way
+    /// into this system, or how many candidates were looked at.
+    fn choose_free(&self) -> Result<Choice, ProviderError> {
         let want = self.req.resource.device_type;
         let mut looked = 0;
-        let mut chosen = None;
         for link in self.fabric.all_blocks()? {
             let Some(block) = self.fabric.block_at(link.path()?)? else {
                 continue;
@@ -255,32 +274,30 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
             if !self.usable(&slot) {
                 continue;
             }
-            if on_way_here {
-                // Being composed into this system for nobody known: this attempt's,
-                // from before a lost reply and a lost record.
-                let a = Attempt {
-                    system: self.system.to_string(),
-                    block: slot.block.id.clone(),
-                    task: None,
-                };
-                self.save(&a);
-                return Ok(self.composing(&a.block, None));
-            }
-            chosen = Some(slot);
-            break;
+            return Ok(if on_way_here {
+                Choice::OnWayHere(slot)
+            } else {
+                Choice::Unused(slot)
+            });
         }
-        let Some(slot) = chosen else {
-            let r = &self.req.resource;
-            let size = self
-                .req
-                .size_bytes
-                .map(|b| format!(" of at least {b} bytes"))
-                .unwrap_or_default();
-            return Err(ProviderError::NoCapacity(format!(
-                "no unused {} resource block of model '{}'{size} that no resource holds ({looked} unused block(s) of that type looked at)",
-                r.device_type, r.model
-            )));
-        };
+        Ok(Choice::None { looked })
+    }
+
+    fn no_capacity(&self, looked: usize) -> ProviderError {
+        let r = &self.req.resource;
+        let size = self
+            .req
+            .size_bytes
+            .map(|b| format!(" of at least {b} bytes"))
+            .unwrap_or_default();
+        ProviderError::NoCapacity(format!(
+            "no unused {} resource block of model '{}'{size} that no resource holds ({looked} unused block(s) of that type looked at)",
+            r.device_type, r.model
+        ))
+    }
+
+    /// Records the plan, then PATCHes the system's links with the block added.
+    fn compose(&self, slot: &Slot) -> Result<AddOutcome, ProviderError> {
         let a = Attempt {
             system: self.system.to_string(),
             block: slot.block.id.clone(),
@@ -302,7 +319,7 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
         match result {
             Ok(Recomposed::Done | Recomposed::Unchanged) => {
                 self.forget(&a);
-                self.attached(&slot)
+                self.attached(slot)
             }
             Ok(Recomposed::Accepted { task }) => {
                 let a = Attempt {
@@ -322,4 +339,14 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
             Err(e) => Err(e),
         }
     }
+}
+
+/// What [`Attach::choose_free`] found.
+enum Choice {
+    /// A block already being composed into this system, for no known attempt.
+    OnWayHere(Slot),
+    /// An unused block.
+    Unused(Slot),
+    /// None usable, of `looked` candidates.
+    None { looked: usize },
 }

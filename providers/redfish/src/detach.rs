@@ -36,37 +36,62 @@ pub fn remove<H: Host + ?Sized>(
             block.id
         )));
     }
-    // A decomposition this provider started: watch it.
-    if let Some(task) = host.state_get(&key).and_then(|t| String::from_utf8(t).ok()) {
-        match fabric.task(&task)?.outcome() {
-            TaskOutcome::Running => {
-                return Ok(RemoveOutcome::InProgress(format!(
-                    "resource block {} is being decomposed from system {system} (task {task})",
-                    block.id
-                )));
-            }
-            TaskOutcome::Failed(code, message) => {
-                host.state_remove(&key);
-                return Err(ProviderError::Fabric {
-                    status: 500,
-                    code,
-                    message: format!(
-                        "decomposing resource block {} from system {system} failed: {message}",
-                        block.id
-                    ),
-                });
-            }
-            // Done, yet the block was read composed: another change put it back; go again.
-            TaskOutcome::Completed => host.state_remove(&key),
+    if let Some(outcome) = watch_decomposition(fabric, &key, &block.id, system)? {
+        return Ok(outcome);
+    }
+    decompose(fabric, r, &key, &block.id, system)
+}
+
+/// Follows a decomposition this provider started (its task under `key`): `None` when
+/// there is none, or it is done yet the block was read composed (another change put
+/// it back), so it is decomposed again.
+fn watch_decomposition<H: Host + ?Sized>(
+    fabric: &Fabric<'_, H>,
+    key: &str,
+    block: &str,
+    system: &str,
+) -> Result<Option<RemoveOutcome>, ProviderError> {
+    let host = fabric.client.host();
+    let Some(task) = host.state_get(key).and_then(|t| String::from_utf8(t).ok()) else {
+        return Ok(None);
+    };
+    match fabric.task(&task)?.outcome() {
+        TaskOutcome::Running => Ok(Some(RemoveOutcome::InProgress(format!(
+            "resource block {block} is being decomposed from system {system} (task {task})"
+        )))),
+        TaskOutcome::Failed(code, message) => {
+            host.state_remove(key);
+            Err(ProviderError::Fabric {
+                status: 500,
+                code,
+                message: format!(
+                    "decomposing resource block {block} from system {system} failed: {message}"
+                ),
+            })
+        }
+        TaskOutcome::Completed => {
+            host.state_remove(key);
+            Ok(None)
         }
     }
-    let id = block.id.clone();
+}
+
+/// PATCHes the system's links without `block`; a slow decomposition's task is kept
+/// under `key` for the next call to watch.
+fn decompose<H: Host + ?Sized>(
+    fabric: &Fabric<'_, H>,
+    r: &ComposableResource,
+    key: &str,
+    block: &str,
+    system: &str,
+) -> Result<RemoveOutcome, ProviderError> {
+    let host = fabric.client.host();
     let result = fabric.recompose(system, |current| {
-        if current.iter().any(|l| l.last_segment() == id) {
+        if current.iter().any(|l| l.last_segment() == block) {
             Some(
                 current
                     .iter()
-                    .filter(|l| l.last_segment() != id)
+                    .filter(|l| l.last_segment() != block)
                     .cloned()
                     .collect(),
             )
@@ -80,20 +105,20 @@ pub fn remove<H: Host + ?Sized>(
         result,
         Ok(Recomposed::Done | Recomposed::Unchanged | Recomposed::Accepted { .. })
     ) {
-        release(host, &r.name, &id);
+        release(host, &r.name, block);
     }
     match result {
         Ok(Recomposed::Done | Recomposed::Unchanged) => Ok(RemoveOutcome::Removed),
         Ok(Recomposed::Accepted { task }) => {
-            host.state_set(&key, task.as_bytes(), Some(DETACH_TTL_MS));
+            host.state_set(key, task.as_bytes(), Some(DETACH_TTL_MS));
             Ok(RemoveOutcome::InProgress(format!(
-                "resource block {id} is being decomposed from system {system} (task {task})"
+                "resource block {block} is being decomposed from system {system} (task {task})"
             )))
         }
         // Removing adds no block, so `ResourceInUse` here means another change of the
         // system is running: ours waits for it.
         Err(e) if is_in_use(&e) => Ok(RemoveOutcome::InProgress(format!(
-            "another change of system {system} is running; resource block {id} is decomposed after it"
+            "another change of system {system} is running; resource block {block} is decomposed after it"
         ))),
         Err(e) => Err(e),
     }

@@ -60,81 +60,98 @@ impl Service {
             };
         }
         if path == B {
-            let members: Vec<_> = self
-                .blocks
-                .keys()
-                .map(|k| json!({"@odata.id": format!("{B}/{k}")}))
-                .collect();
-            return ok(json!({"Members": members}));
+            return self.block_collection();
         }
         if let Some(rest) = path.strip_prefix(&format!("{B}/")) {
-            let (id, device) = match rest.split_once('/') {
-                Some((id, _)) => (id, true),
-                None => (rest, false),
-            };
-            let Some((t, model, serial, state, system)) = self.blocks.get(id) else {
-                return HttpResponse {
-                    status: 404,
-                    headers: Vec::new(),
-                    body: b"{}".to_vec(),
-                };
-            };
-            if device {
-                return ok(json!({"Model": model, "SerialNumber": serial}));
-            }
-            let systems: Vec<_> = system
-                .iter()
-                .map(|s| json!({"@odata.id": format!("/redfish/v1/Systems/{s}")}))
-                .collect();
-            return ok(
-                json!({"Id": id, "ResourceBlockType": [t], "Status": {"Health": "OK"},
-                "CompositionStatus": {"CompositionState": state},
-                "Links": {"ComputerSystems": systems},
-                "Processors": [{"@odata.id": format!("{B}/{id}/Processors/GPU0")}]}),
-            );
+            return self.block_or_device(rest);
         }
         if let Some(id) = path.strip_prefix("/redfish/v1/Systems/") {
             if r.method == Method::Patch {
-                self.patches += 1;
-                let body: Value = serde_json::from_slice(&r.body).unwrap();
-                let wanted: Vec<String> = body["Links"]["ResourceBlocks"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|l| {
-                        l["@odata.id"]
-                            .as_str()
-                            .unwrap()
-                            .rsplit('/')
-                            .next()
-                            .unwrap()
-                            .to_string()
-                    })
-                    .collect();
-                let (status, act) = self.next_patch.take().unwrap_or((200, true));
-                if act {
-                    for b in &wanted {
-                        let e = self.blocks.get_mut(b).unwrap();
-                        e.3 = "Composed".into();
-                        e.4 = Some(id.into());
-                    }
-                    self.systems.insert(id.into(), wanted);
-                }
-                return HttpResponse {
-                    status,
-                    headers: Vec::new(),
-                    body: b"{}".to_vec(),
-                };
+                return self.patch_system(id, r);
             }
-            let links: Vec<_> = self.systems[id]
-                .iter()
-                .map(|b| json!({"@odata.id": format!("{B}/{b}")}))
-                .collect();
-            return ok(
-                json!({"Id": id, "@odata.etag": "W/\"1\"", "Links": {"ResourceBlocks": links}}),
-            );
+            return self.get_system(id);
         }
         panic!("unexpected {path}");
+    }
+
+    fn block_collection(&self) -> HttpResponse {
+        let members: Vec<_> = self
+            .blocks
+            .keys()
+            .map(|k| json!({"@odata.id": format!("{B}/{k}")}))
+            .collect();
+        ok(json!({"Members": members}))
+    }
+
+    /// `rest` is "<block>" (the block) or "<block>/<...>" (its device).
+    fn block_or_device(&self, rest: &str) -> HttpResponse {
+        let (id, device) = match rest.split_once('/') {
+            Some((id, _)) => (id, true),
+            None => (rest, false),
+        };
+        let Some((t, model, serial, state, system)) = self.blocks.get(id) else {
+            return HttpResponse {
+                status: 404,
+                headers: Vec::new(),
+                body: b"{}".to_vec(),
+            };
+        };
+        if device {
+            return ok(json!({"Model": model, "SerialNumber": serial}));
+        }
+        let systems: Vec<_> = system
+            .iter()
+            .map(|s| json!({"@odata.id": format!("/redfish/v1/Systems/{s}")}))
+            .collect();
+        ok(
+            json!({"Id": id, "ResourceBlockType": [t], "Status": {"Health": "OK"},
+            "CompositionStatus": {"CompositionState": state},
+            "Links": {"ComputerSystems": systems},
+            "Processors": [{"@odata.id": format!("{B}/{id}/Processors/GPU0")}]}),
+        )
+    }
+
+    /// Composes exactly the PATCH's blocks into the system (unless `next_patch` says
+    /// not to act), answering `next_patch`'s status or 200.
+    fn patch_system(&mut self, id: &str, r: &HttpRequest) -> HttpResponse {
+        self.patches += 1;
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        let wanted: Vec<String> = body["Links"]["ResourceBlocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                l["@odata.id"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let (status, act) = self.next_patch.take().unwrap_or((200, true));
+        if act {
+            for b in &wanted {
+                let e = self.blocks.get_mut(b).unwrap();
+                e.3 = "Composed".into();
+                e.4 = Some(id.into());
+            }
+            self.systems.insert(id.into(), wanted);
+        }
+        HttpResponse {
+            status,
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        }
+    }
+
+    fn get_system(&self, id: &str) -> HttpResponse {
+        let links: Vec<_> = self.systems[id]
+            .iter()
+            .map(|b| json!({"@odata.id": format!("{B}/{b}")}))
+            .collect();
+        ok(json!({"Id": id, "@odata.etag": "W/\"1\"", "Links": {"ResourceBlocks": links}}))
     }
 
     /// A host whose HTTP is this service.

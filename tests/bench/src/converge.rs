@@ -201,22 +201,133 @@ pub fn main(n: usize, m: usize, latency_ms: u64) -> Result<()> {
     Ok(())
 }
 
+/// The API traffic of one phase.
+struct ApiTraffic {
+    writes: u64,
+    events: u64,
+    reads: u64,
+    by_kind: std::collections::BTreeMap<String, u64>,
+}
+
+impl Counts {
+    /// What was counted since the last call, counting from zero again.
+    fn take_phase(&self) -> ApiTraffic {
+        let (writes, events, reads) = self.take();
+        let by_kind = std::mem::take(
+            &mut *self
+                .by_kind
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        ApiTraffic {
+            writes,
+            events,
+            reads,
+            by_kind,
+        }
+    }
+}
+
+/// One measured phase: its time (or how many objects were left at its deadline), the
+/// operator's API traffic and the fabric calls (token requests among them).
+struct Phase {
+    time: std::result::Result<Duration, usize>,
+    api: ApiTraffic,
+    fabric_calls: usize,
+    token_calls: usize,
+}
+
+/// What the phases share: the counted API traffic, the sampled RSS peak, the APIs and
+/// the benchmark's watch caches, and the clock of the progress lines.
+struct Bench {
+    counts: Arc<Counts>,
+    peak: Mutex<u64>,
+    requests: Api<ComposabilityRequest>,
+    resources: Api<ComposableResource>,
+    watched_requests: reflector::Store<ComposabilityRequest>,
+    watched_resources: reflector::Store<ComposableResource>,
+    began: Instant,
+}
+
+impl Bench {
+    fn progress(&self, what: &str) {
+        progress(self.began, what);
+    }
+}
+
+/// Where the run's time goes besides the two measured phases (scripts/bench.sh keeps
+/// these lines in target/bench/converge-N.err).
+fn progress(began: Instant, what: &str) {
+    eprintln!("{:7.1} s  {what}", began.elapsed().as_secs_f64());
+}
+
 async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     let latency = Duration::from_millis(latency_ms);
     let devices = 2 * n;
-    // Where the run's time goes besides the two measured phases (scripts/bench.sh keeps
-    // these lines in target/bench/converge-N.err).
     let began = Instant::now();
-    let progress = |what: &str| eprintln!("{:7.1} s  {what}", began.elapsed().as_secs_f64());
     let mut env = Env::start().await;
-    progress("API server, etcd and simulators up");
+    progress(began, "API server, etcd and simulators up");
     let rss_before_operator = rss().0;
     for i in 0..m {
         env.add_node(&format!("worker-{i:04}"), "64").await;
     }
     env.sim.add_free_devices("gpu", common_model(), devices);
-    progress(&format!("{m} nodes added"));
+    progress(began, &format!("{m} nodes added"));
     let round_trip = write_round_trip(&env.client).await?;
+    let counts = start_counted_operator(&mut env, latency).await?;
+    let rss_idle = rss().0;
+    counts.take_phase();
+    env.sim.clear_requests();
+    progress(began, "operator started and idle");
+
+    let bench = Bench::watching(&env, counts, began).await?;
+    let (up, per_node) = up_phase(&env, &bench, n, m).await?;
+    env.sim.clear_requests();
+    let down = down_phase(&env, &bench, n).await;
+    let (_, hwm) = rss();
+    let peak_rss = *bench
+        .peak
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // After a phase that ran out of time thousands of reconciles are still under way,
+    // and a graceful stop would wait for all of them: the measuring is over, so the
+    // stop gets a bounded wait (the process ends right after).
+    let _ = tokio::time::timeout(Duration::from_secs(10), env.stop_operator()).await;
+    bench.progress("operator stopped");
+
+    let limits = PhysicalLimits::of(&up, &down, per_node, devices, latency, round_trip);
+    let go = gomodel::simulate(&gomodel::Params {
+        requests: n,
+        latency: latency.as_secs_f64(),
+        round_trip: limits.round_trip_s,
+        visible_after: limits.node_delay_s,
+    });
+
+    Ok(json!({
+        "kind": "converge",
+        "requests": n, "nodes": m, "devices": devices, "latency_ms": latency_ms,
+        "devices_per_node_max": per_node,
+        "up_s": up.time.ok().map(|d| d.as_secs_f64()), "down_s": down.time.ok().map(|d| d.as_secs_f64()),
+        "up_left": up.time.err(), "down_left": down.time.err(), "phase_deadline_s": phase_deadline().as_secs(),
+        "api_writes_up": up.api.writes, "api_writes_down": down.api.writes,
+        "event_writes_up": up.api.events, "event_writes_down": down.api.events,
+        "api_reads_up": up.api.reads, "api_reads_down": down.api.reads,
+        "api_by_kind_up": up.api.by_kind, "api_by_kind_down": down.api.by_kind,
+        "fabric_calls_up": up.fabric_calls, "fabric_calls_down": down.fabric_calls,
+        "token_calls_up": up.token_calls, "token_calls_down": down.token_calls,
+        "write_round_trip_ms": limits.round_trip_s * 1000.0,
+        "node_delay_s": limits.node_delay_s,
+        "call_slots": limits.slots,
+        "limit_up_s": limits.up_s, "limit_down_s": limits.down_s,
+        "go_up_s": go.up, "go_down_s": go.down,
+        "rss_before_operator": rss_before_operator,
+        "rss_idle": rss_idle, "rss_peak_sampled": peak_rss, "rss_hwm": hwm,
+    }))
+}
+
+/// Starts the operator as deployed, on a client that counts its API requests, with
+/// every fabric call delayed by `latency`; returns once it has settled (2 s).
+async fn start_counted_operator(env: &mut Env, latency: Duration) -> Result<Arc<Counts>> {
     env.sim
         .inject(Injection::from(Fault::Latency(latency)).always());
     // The operator's own defaults, as deployed.
@@ -227,28 +338,66 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     env.start_operator().await;
     env.client = plain;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_idle = rss().0;
-    counts.take();
-    counts
-        .by_kind
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
-    env.sim.clear_requests();
-    progress("operator started and idle");
+    Ok(counts)
+}
 
-    let peak = Mutex::new(0u64);
-    let requests: Api<ComposabilityRequest> = Api::all(env.client.clone());
-    let resources: Api<ComposableResource> = Api::all(env.client.clone());
-    // Request i asks for its 2 GPUs on node i mod M (samenode with a target node), so the
-    // devices spread evenly: N·2/M per node.
-    let watched_requests = watch_all(requests.clone()).await?;
-    let watched_resources = watch_all(resources.clone()).await?;
-    let spec = gpu(2);
+impl Bench {
+    async fn watching(env: &Env, counts: Arc<Counts>, began: Instant) -> Result<Bench> {
+        let requests: Api<ComposabilityRequest> = Api::all(env.client.clone());
+        let resources: Api<ComposableResource> = Api::all(env.client.clone());
+        let watched_requests = watch_all(requests.clone()).await?;
+        let watched_resources = watch_all(resources.clone()).await?;
+        Ok(Bench {
+            counts,
+            peak: Mutex::new(0u64),
+            requests,
+            resources,
+            watched_requests,
+            watched_resources,
+            began,
+        })
+    }
+}
+
+/// Creates the N requests and waits until all are Running; also returns the most
+/// devices any one node got.
+async fn up_phase(env: &Env, bench: &Bench, n: usize, m: usize) -> Result<(Phase, f64)> {
     // Each phase is timed from its first write: the operator starts on the first
     // requests while the benchmark still sends the rest (sending 1,000 deletions took
     // 15 s here), so timing from the last one would leave that work out.
     let up_start = Instant::now();
+    create_requests(&bench.requests, n, m).await;
+    bench.progress(&format!("{n} requests created"));
+    let time = wait_until("all Running", up_start, &bench.peak, || {
+        let running = bench
+            .watched_requests
+            .state()
+            .iter()
+            .filter(|r| {
+                r.status
+                    .as_ref()
+                    .is_some_and(|s| s.state == RequestState::Running)
+            })
+            .count();
+        n.saturating_sub(running)
+    })
+    .await;
+    bench.progress("all Running (or the phase deadline)");
+    let api = bench.counts.take_phase();
+    let per_node = devices_on_busiest_node(&bench.resources).await?;
+    let phase = Phase {
+        time,
+        api,
+        fabric_calls: env.sim.requests().len(),
+        token_calls: env.sim.token_requests().len(),
+    };
+    Ok((phase, per_node))
+}
+
+/// Request i asks for its 2 GPUs on node i mod M (samenode with a target node), so the
+/// devices spread evenly: N·2/M per node. Sent 16 at a time.
+async fn create_requests(requests: &Api<ComposabilityRequest>, n: usize, m: usize) {
+    let spec = gpu(2);
     futures::stream::iter(0..n)
         .map(|i| {
             let mut resource = spec.clone();
@@ -269,41 +418,38 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
             futures::future::ready(())
         })
         .await;
-    progress(&format!("{n} requests created"));
-    let up = wait_until("all Running", up_start, &peak, || {
-        let running = watched_requests
-            .state()
-            .iter()
-            .filter(|r| {
-                r.status
-                    .as_ref()
-                    .is_some_and(|s| s.state == RequestState::Running)
-            })
-            .count();
-        n.saturating_sub(running)
-    })
-    .await;
-    progress("all Running (or the phase deadline)");
-    let (writes_up, events_up, reads_up) = counts.take();
-    let by_kind_up = std::mem::take(
-        &mut *counts
-            .by_kind
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+}
+
+async fn devices_on_busiest_node(resources: &Api<ComposableResource>) -> Result<f64> {
     let mut per_node_count = std::collections::BTreeMap::<String, usize>::new();
     for r in resources.list(&ListParams::default()).await?.items {
         *per_node_count
             .entry(r.spec.target_node.clone())
             .or_default() += 1;
     }
-    let per_node = per_node_count.values().copied().max().unwrap_or(0) as f64;
-    let fabric_up = env.sim.requests().len();
-    let tokens_up = env.sim.token_requests().len();
-    env.sim.clear_requests();
+    Ok(per_node_count.values().copied().max().unwrap_or(0) as f64)
+}
 
-    let dp = DeleteParams::default();
+/// Deletes the N requests and waits until they and their resources are gone.
+async fn down_phase(env: &Env, bench: &Bench, n: usize) -> Phase {
     let down_start = Instant::now();
+    delete_requests(&bench.requests, n).await;
+    bench.progress(&format!("{n} requests deleted"));
+    let time = wait_until("all detached", down_start, &bench.peak, || {
+        bench.watched_requests.state().len() + bench.watched_resources.state().len()
+    })
+    .await;
+    bench.progress("all gone (or the phase deadline)");
+    Phase {
+        time,
+        api: bench.counts.take_phase(),
+        fabric_calls: env.sim.requests().len(),
+        token_calls: env.sim.token_requests().len(),
+    }
+}
+
+async fn delete_requests(requests: &Api<ComposabilityRequest>, n: usize) {
+    let dp = DeleteParams::default();
     futures::stream::iter(0..n)
         .map(|i| {
             let api = requests.clone();
@@ -318,77 +464,52 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
             futures::future::ready(())
         })
         .await;
-    progress(&format!("{n} requests deleted"));
-    let down = wait_until("all detached", down_start, &peak, || {
-        watched_requests.state().len() + watched_resources.state().len()
-    })
-    .await;
-    progress("all gone (or the phase deadline)");
-    let (writes_down, events_down, reads_down) = counts.take();
-    let by_kind_down = std::mem::take(
-        &mut *counts
-            .by_kind
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    let fabric_down = env.sim.requests().len();
-    let tokens_down = env.sim.token_requests().len();
-    let (_, hwm) = rss();
-    let peak_rss = *peak
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // After a phase that ran out of time thousands of reconciles are still under way,
-    // and a graceful stop would wait for all of them: the measuring is over, so the
-    // stop gets a bounded wait (the process ends right after).
-    let _ = tokio::time::timeout(Duration::from_secs(10), env.stop_operator()).await;
-    progress("operator stopped");
+}
 
-    // The physical limit: a node's attaches run one at a time under its lock, each
-    // needing its fabric calls in sequence; nodes run in parallel; then the node takes
-    // its time to show the first GPU (the driver pod), and each device's API writes are
-    // round trips in sequence.
-    let l = latency.as_secs_f64();
-    let rt_s = round_trip.as_secs_f64();
-    let node_delay = node_sim::SimTimings::default()
-        .driver_ready_after
-        .as_secs_f64();
-    let f_up = (fabric_up - tokens_up) as f64 / devices as f64;
-    let f_down = (fabric_down - tokens_down) as f64 / devices as f64;
-    let w_up = writes_up as f64 / devices as f64;
-    let w_down = writes_down as f64 / devices as f64;
-    // The provider runs at most this many calls at once (its deployed limit), so the
-    // fabric calls of all nodes together take at least devices × calls × latency / slots.
-    let slots = f64::from(cro_runtime::Limits::default().max_concurrent_calls.max(1));
-    let fabric_time = |f: f64| (per_node * f * l).max(devices as f64 * f * l / slots);
-    let limit_up = fabric_time(f_up) + node_delay + w_up * rt_s;
-    let limit_down = fabric_time(f_down) + w_down * rt_s;
-    let go = gomodel::simulate(&gomodel::Params {
-        requests: n,
-        latency: l,
-        round_trip: rt_s,
-        visible_after: node_delay,
-    });
+/// The least each phase could take on this fabric and API server, and what it is
+/// computed from.
+struct PhysicalLimits {
+    up_s: f64,
+    down_s: f64,
+    round_trip_s: f64,
+    node_delay_s: f64,
+    slots: f64,
+}
 
-    Ok(json!({
-        "kind": "converge",
-        "requests": n, "nodes": m, "devices": devices, "latency_ms": latency_ms,
-        "devices_per_node_max": per_node,
-        "up_s": up.ok().map(|d| d.as_secs_f64()), "down_s": down.ok().map(|d| d.as_secs_f64()),
-        "up_left": up.err(), "down_left": down.err(), "phase_deadline_s": phase_deadline().as_secs(),
-        "api_writes_up": writes_up, "api_writes_down": writes_down,
-        "event_writes_up": events_up, "event_writes_down": events_down,
-        "api_reads_up": reads_up, "api_reads_down": reads_down,
-        "api_by_kind_up": by_kind_up, "api_by_kind_down": by_kind_down,
-        "fabric_calls_up": fabric_up, "fabric_calls_down": fabric_down,
-        "token_calls_up": tokens_up, "token_calls_down": tokens_down,
-        "write_round_trip_ms": rt_s * 1000.0,
-        "node_delay_s": node_delay,
-        "call_slots": slots,
-        "limit_up_s": limit_up, "limit_down_s": limit_down,
-        "go_up_s": go.up, "go_down_s": go.down,
-        "rss_before_operator": rss_before_operator,
-        "rss_idle": rss_idle, "rss_peak_sampled": peak_rss, "rss_hwm": hwm,
-    }))
+impl PhysicalLimits {
+    /// A node's attaches run one at a time under its lock, each needing its fabric
+    /// calls in sequence; nodes run in parallel; then the node takes its time to show
+    /// the first GPU (the driver pod), and each device's API writes are round trips in
+    /// sequence.
+    fn of(
+        up: &Phase,
+        down: &Phase,
+        per_node: f64,
+        devices: usize,
+        latency: Duration,
+        round_trip: Duration,
+    ) -> PhysicalLimits {
+        let l = latency.as_secs_f64();
+        let rt_s = round_trip.as_secs_f64();
+        let node_delay = node_sim::SimTimings::default()
+            .driver_ready_after
+            .as_secs_f64();
+        let f_up = (up.fabric_calls - up.token_calls) as f64 / devices as f64;
+        let f_down = (down.fabric_calls - down.token_calls) as f64 / devices as f64;
+        let w_up = up.api.writes as f64 / devices as f64;
+        let w_down = down.api.writes as f64 / devices as f64;
+        // The provider runs at most this many calls at once (its deployed limit), so the
+        // fabric calls of all nodes together take at least devices × calls × latency / slots.
+        let slots = f64::from(cro_runtime::Limits::default().max_concurrent_calls.max(1));
+        let fabric_time = |f: f64| (per_node * f * l).max(devices as f64 * f * l / slots);
+        PhysicalLimits {
+            up_s: fabric_time(f_up) + node_delay + w_up * rt_s,
+            down_s: fabric_time(f_down) + w_down * rt_s,
+            round_trip_s: rt_s,
+            node_delay_s: node_delay,
+            slots,
+        }
+    }
 }
 
 fn common_model() -> &'static str {
