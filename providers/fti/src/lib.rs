@@ -4,7 +4,7 @@
 //! The vendor logic is a plain library over the SDK's [`Host`] trait, so it runs and is
 //! tested natively; on `wasm32` (feature `component`, on by default) the SDK exports it
 //! as a `cro:provider@0.2.0` component. The bindings and their plumbing live in
-//! `cro-provider-sdk`; `tests/fti-v0-1-0` wraps the same logic in the 0.1.0 world.
+//! `cro-provider-sdk`; `providers/test-components/fti-v0-1-0` wraps the same logic in the 0.1.0 world.
 //!
 //! ```text
 //! let fti = fti_provider::Fti::new(host);          // host: impl cro_provider_sdk::Host

@@ -1,5 +1,5 @@
 //! A tiny in-memory Redfish composition service behind the SDK's `TestHost`, for the
-//! unit tests of the decision logic (the real simulator is tests/redfish-sim, used by
+//! unit tests of the decision logic (the real simulator is simulators/redfish, used by
 //! tests/provider-it).
 
 use std::cell::RefCell;

@@ -36,7 +36,7 @@ use attach::Attach;
 use client::Client;
 use fabric::Fabric;
 
-/// GPU models of the reference simulator (tests/redfish-sim) this provider is certified
+/// GPU models of the reference simulator (simulators/redfish) this provider is certified
 /// against; it attaches whatever model the service reports, matched by name.
 pub const GPU_MODELS: &[&str] = &["NVIDIA A100 80GB"];
 /// CXL memory models of the reference simulator.
