@@ -15,7 +15,7 @@ use cro_conformance::{FabricKind, FtiApi, LabTarget, Recorder, SuiteOptions, Use
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, AddRequest, CallError, CapabilityReport, Claim, ComposableResource, DeviceType,
-    ProviderSpec, RemoveOutcome, Runtime,
+    Provider, ProviderSpec, RemoveOutcome, Runtime,
 };
 use serde_json::{Value, json};
 
@@ -408,29 +408,72 @@ impl CallArgs {
 /// `cro provider call`.
 pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
     let spec = args.spec.spec(&args.component, &[])?;
-    let cluster = args.spec.cluster(&spec)?;
+    let rt = tokio()?;
+    let recorder = Arc::new(Recorder::new());
+    let provider = load_observed(args, &spec, &rt, recorder.clone())?;
+    if args.operation == Operation::Describe {
+        print_described(args, &spec, &provider)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (op, outcome) = call(args, &rt, &provider)?;
+    let text = match &outcome {
+        Ok(v) => format!("ok: {v}"),
+        Err(e) => format!("error: {e}"),
+    };
+    let trace = recorder.take_call(op, text);
+    print_call(args, op, &outcome, &trace)?;
+    Ok(if outcome.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The component loaded as `spec` says, seeing the cluster of the flags, every
+/// capability use reported to `recorder`.
+fn load_observed(
+    args: &CallArgs,
+    spec: &ProviderSpec,
+    rt: &tokio::runtime::Runtime,
+    recorder: Arc<Recorder>,
+) -> anyhow::Result<Provider> {
+    let cluster = args.spec.cluster(spec)?;
     let bytes = std::fs::read(&args.component)
         .with_context(|| format!("cannot read {}", args.component.display()))?;
-    let rt = tokio()?;
     let runtime = Runtime::new(cro_conformance::tool_runtime_options())?;
-    let recorder = Arc::new(Recorder::new());
-    let provider = rt
-        .block_on(runtime.load_observed(&spec, bytes, Arc::new(cluster), recorder.clone()))
-        .with_context(|| format!("{}", args.component.display()))?;
-    let (op, outcome): (&str, Result<Value, CallError>) = match args.operation {
-        Operation::Describe => {
-            let report = CapabilityReport::new(provider.info(), &spec);
-            let text = crate::render_declared(provider.info(), &report, args.spec.spec.as_deref());
-            if args.json {
-                let v = json!({"provider": provider.info(), "capability_report": report});
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else if provider.info().is_none() {
-                println!("contract {} has no describe()", provider.contract_version());
-            } else {
-                print!("{text}");
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
+    rt.block_on(runtime.load_observed(spec, bytes, Arc::new(cluster), recorder))
+        .with_context(|| format!("{}", args.component.display()))
+}
+
+/// `cro provider call ... describe`: what the provider declares and the capability
+/// report against the spec.
+fn print_described(
+    args: &CallArgs,
+    spec: &ProviderSpec,
+    provider: &Provider,
+) -> anyhow::Result<()> {
+    let report = CapabilityReport::new(provider.info(), spec);
+    let text = crate::inspect::render_declared(provider.info(), &report, args.spec.spec.as_deref());
+    if args.json {
+        let v = json!({"provider": provider.info(), "capability_report": report});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if provider.info().is_none() {
+        println!("contract {} has no describe()", provider.contract_version());
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+/// Calls the operation of the command line (any but `describe`): its name in the
+/// contract and its outcome as JSON.
+fn call(
+    args: &CallArgs,
+    rt: &tokio::runtime::Runtime,
+    provider: &Provider,
+) -> anyhow::Result<(&'static str, Result<Value, CallError>)> {
+    Ok(match args.operation {
+        Operation::Describe => bail!("describe is not a call with an outcome"),
         Operation::Add => {
             let resource = args.resource()?;
             let request = AddRequest {
@@ -469,12 +512,16 @@ pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
             let r = rt.block_on(provider.list(&args.claims()?));
             ("get-resources", r.map(|d| json!(d)))
         }
-    };
-    let text = match &outcome {
-        Ok(v) => format!("ok: {v}"),
-        Err(e) => format!("error: {e}"),
-    };
-    let trace = recorder.take_call(op, text);
+    })
+}
+
+/// The outcome of a call and its trace, as text or (`--json`) JSON.
+fn print_call(
+    args: &CallArgs,
+    op: &str,
+    outcome: &Result<Value, CallError>,
+    trace: &cro_conformance::CallTrace,
+) -> anyhow::Result<()> {
     if args.json {
         let v = json!({
             "operation": op,
@@ -484,13 +531,9 @@ pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", render_call(&trace, &outcome));
+        print!("{}", render_call(trace, outcome));
     }
-    Ok(if outcome.is_ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(())
 }
 
 /// The provider-error case (or the host's reason) of a failed call.

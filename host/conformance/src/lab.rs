@@ -3,13 +3,16 @@
 use std::time::Instant;
 
 use cro_runtime::cluster::StaticCluster;
-use cro_runtime::{DeviceType, ProviderSpec, RemoveOutcome, Runtime};
+use cro_runtime::{DeviceType, ProviderInfo, ProviderSpec, RemoveOutcome};
 
 use crate::SuiteError;
-use crate::checks::*;
+use crate::checks::{declared_verdict, denied_verdict, resources_verdict};
 use crate::report::Report;
-use crate::run::*;
+use crate::run::{
+    Component, Run, Verdict, fail, outcome_text, pass, request, resource, skip, who, with_device,
+};
 use crate::suite::SuiteOptions;
+use crate::table::{CheckId, Need, Row, Suite, run_table};
 
 /// A vendor's own fabric: the spec (grants, config, limits) and the cluster objects
 /// the provider may look up, given by the vendor.
@@ -40,110 +43,160 @@ pub fn lab_attach(node: &str, device_type: DeviceType, model: String) -> LabAtta
     }
 }
 
+/// The lab suite, in the order of the report: only what a vendor's fabric can take
+/// without harm, unless attaching is allowed.
+pub(crate) const LAB: &[Row] = &[
+    Row::new(CheckId::Describe, &[]),
+    Row::new(CheckId::GetResources, &[]),
+    Row::new(CheckId::Attach, &[Need::AttachAllowed]),
+    Row::new(CheckId::Check, ATTACHED),
+    Row::new(CheckId::Detach, ATTACHED),
+    // Run whatever `detach` said: a second detach must be `removed` either way.
+    Row::new(CheckId::DetachTwice, ATTACHED),
+    Row::new(CheckId::Denied, &[]),
+    Row::new(CheckId::DeclaredCapabilities, &[]),
+    Row::new(CheckId::Resources, &[]),
+];
+
+/// The checks of the device `attach` attached on the lab fabric.
+const ATTACHED: &[Need] = &[Need::AttachAllowed, Need::Passed(CheckId::Attach)];
+
 /// Runs the non-destructive checks (and, with [`LabTarget::attach`], attach, check,
 /// detach and a second detach) against a vendor's own fabric.
 pub async fn run_lab(opts: &SuiteOptions, lab: &LabTarget) -> Result<Report, SuiteError> {
     let started = Instant::now();
-    let bytes = read_component(&opts.component)?;
-    let runtime =
-        Runtime::new(opts.runtime.clone()).map_err(|e| SuiteError::Load(e.to_string()))?;
-    let info = runtime
-        .describe_bytes(bytes.clone())
-        .await
-        .map_err(|e| SuiteError::Load(e.to_string()))?;
+    let component = Component::open(&opts.component, opts.runtime.clone()).await?;
     let mut spec = lab.spec.clone();
     spec.component = opts.component.clone();
-    let main = load(&runtime, &spec, &bytes, lab.cluster.clone()).await?;
-    let contract = main.provider.contract_version().to_string();
-    let mut run = Run {
+    let main = component.load(&spec, lab.cluster.clone()).await?;
+    let run = Run::new(
         main,
-        info: info.clone(),
-        config: spec.config.clone(),
-        calls: Vec::new(),
-        uses: Vec::new(),
-        all_calls: Vec::new(),
-        over_budget: Vec::new(),
-        memory_limit: spec.limits.memory_bytes,
-        checks: Vec::new(),
+        component.info.clone(),
+        spec.config.clone(),
+        spec.limits.memory_bytes,
+    );
+    let mut suite = Lab {
+        lab,
+        component,
+        spec,
+        run,
+        held: None,
     };
-    let t = Instant::now();
-    let verdict = match &info {
-        None => skip("contract 0.1.0 has no describe()"),
-        Some(i) if i.devices.is_empty() => fail(format!("{} declares no device kinds", who(i))),
-        Some(i) => pass(who(i)),
-    };
-    run.record("describe", t, verdict);
+    run_table(&mut suite, LAB).await?;
+    Ok(suite
+        .run
+        .report(&opts.component, format!("lab {}", lab.endpoint), started))
+}
 
-    let t = Instant::now();
-    let verdict = match run.list(&[]).await {
-        Ok(devices) => pass(format!("{} devices listed", devices.len())),
-        Err(e) => fail(format!("get-resources failed: {e}")),
-    };
-    run.record("get-resources", t, verdict);
+/// One run against a lab fabric.
+struct Lab<'a> {
+    lab: &'a LabTarget,
+    component: Component,
+    /// The vendor's spec, for the component under test.
+    spec: ProviderSpec,
+    run: Run,
+    /// The resource `attach` attached, with its device.
+    held: Option<cro_runtime::ComposableResource>,
+}
 
-    match &lab.attach {
-        None => {
-            for name in ["attach", "check", "detach", "detach-twice"] {
-                run.record(
-                    name,
-                    Instant::now(),
-                    skip("destructive against a lab fabric: pass --allow-attach and --node"),
-                );
+impl Lab<'_> {
+    /// `attach`: a device of the kind asked for, on the node asked for.
+    async fn attach(&mut self) -> Verdict {
+        let Some(a) = &self.lab.attach else {
+            return Need::AttachAllowed.skip();
+        };
+        let r = resource("conformance-lab-1", &a.node, a.device_type, &a.model);
+        match self
+            .run
+            .attach(&request(&r, "conformance-lab-1", vec![]))
+            .await
+        {
+            Ok(d) => {
+                self.held = Some(with_device(&r, &d));
+                pass(format!("device {} attached to {}", d.device_id, a.node))
             }
-        }
-        Some(a) => {
-            let r = resource("conformance-lab-1", &a.node, a.device_type, &a.model);
-            let t = Instant::now();
-            let attached = run.attach(&request(&r, "conformance-lab-1", vec![])).await;
-            let verdict = match &attached {
-                Ok(d) => pass(format!("device {} attached to {}", d.device_id, a.node)),
-                Err(e) => fail(format!("attach failed: {e}")),
-            };
-            run.record("attach", t, verdict);
-            match attached {
-                Err(_) => {
-                    for name in ["check", "detach", "detach-twice"] {
-                        run.record(name, Instant::now(), skip("needs a passing `attach`"));
-                    }
-                }
-                Ok(d) => {
-                    let held = with_device(&r, &d);
-                    let t = Instant::now();
-                    let verdict = match run.check(&held).await {
-                        Ok(()) => pass("healthy"),
-                        Err(e) => fail(format!("check of the attached device failed: {e}")),
-                    };
-                    run.record("check", t, verdict);
-                    let t = Instant::now();
-                    let verdict = match run.detach(&held).await {
-                        Ok(()) => pass("detached"),
-                        Err(e) => fail(format!("detach failed: {e}")),
-                    };
-                    run.record("detach", t, verdict);
-                    let t = Instant::now();
-                    let verdict = match run.remove(&held).await {
-                        Ok(RemoveOutcome::Removed) => pass("a second detach is `removed`"),
-                        other => fail(format!("a second detach gave {}", outcome_text(&other))),
-                    };
-                    run.record("detach-twice", t, verdict);
-                }
-            }
+            Err(e) => fail(format!("attach failed: {e}")),
         }
     }
 
-    let t = Instant::now();
-    let mut denied_spec = spec.clone();
-    denied_spec.name = format!("{}-denied", spec.name);
-    denied_spec.grants.http.clear();
-    let denied = load(&runtime, &denied_spec, &bytes, lab.cluster.clone()).await?;
-    let verdict = denied_verdict(&mut run, &denied, &[]).await;
-    run.record("denied", t, verdict);
+    /// The checks of the attached device (the table runs them only after `attach`
+    /// passed).
+    async fn held_verdict(&mut self, check: CheckId) -> Verdict {
+        let Some(held) = self.held.clone() else {
+            return Need::Passed(CheckId::Attach).skip();
+        };
+        match check {
+            CheckId::Check => match self.run.check(&held).await {
+                Ok(()) => pass("healthy"),
+                Err(e) => fail(format!("check of the attached device failed: {e}")),
+            },
+            CheckId::Detach => match self.run.detach(&held).await {
+                Ok(()) => pass("detached"),
+                Err(e) => fail(format!("detach failed: {e}")),
+            },
+            CheckId::DetachTwice => match self.run.remove(&held).await {
+                Ok(RemoveOutcome::Removed) => pass("a second detach is `removed`"),
+                other => fail(format!("a second detach gave {}", outcome_text(&other))),
+            },
+            other => unknown(other),
+        }
+    }
 
-    finish(
-        run,
-        &opts.component,
-        format!("lab {}", lab.endpoint),
-        contract,
-        started,
-    )
+    /// `denied`: the same provider with no HTTP grant.
+    async fn denied(&mut self) -> Result<Verdict, SuiteError> {
+        let mut denied_spec = self.spec.clone();
+        denied_spec.name = format!("{}-denied", self.spec.name);
+        denied_spec.grants.http.clear();
+        let denied = self
+            .component
+            .load(&denied_spec, self.lab.cluster.clone())
+            .await?;
+        Ok(denied_verdict(&mut self.run, &denied, &[]).await)
+    }
+}
+
+impl Suite for Lab<'_> {
+    fn run(&mut self) -> &mut Run {
+        &mut self.run
+    }
+
+    fn attach_allowed(&self) -> bool {
+        self.lab.attach.is_some()
+    }
+
+    async fn verdict(&mut self, check: CheckId) -> Result<Verdict, SuiteError> {
+        Ok(match check {
+            CheckId::Describe => describe_verdict(self.component.info.as_ref()),
+            CheckId::GetResources => match self.run.list(&[]).await {
+                Ok(devices) => pass(format!("{} devices listed", devices.len())),
+                Err(e) => fail(format!("get-resources failed: {e}")),
+            },
+            CheckId::Attach => self.attach().await,
+            CheckId::Check | CheckId::Detach | CheckId::DetachTwice => {
+                self.held_verdict(check).await
+            }
+            CheckId::Denied => self.denied().await?,
+            CheckId::DeclaredCapabilities => declared_verdict(&self.run),
+            CheckId::Resources => resources_verdict(&self.run),
+            other => unknown(other),
+        })
+    }
+}
+
+/// `describe` on a lab fabric: the fabric is the vendor's, not chosen from it.
+fn describe_verdict(info: Option<&ProviderInfo>) -> Verdict {
+    match info {
+        None => skip("contract 0.1.0 has no describe()"),
+        Some(i) if i.devices.is_empty() => fail(format!("{} declares no device kinds", who(i))),
+        Some(i) => pass(who(i)),
+    }
+}
+
+/// A check the lab table does not list reaching its dispatch: a mistake of the suite,
+/// reported as a failure so that it cannot pass unnoticed.
+fn unknown(check: CheckId) -> Verdict {
+    fail(format!(
+        "the lab suite has no function for `{}`",
+        check.name()
+    ))
 }

@@ -13,42 +13,30 @@
 //! Contract 0.1.0 components have no `describe()`: the suite runs every check that
 //! does not need it (the fabric must then be given) and reports the two that do
 //! (`describe`, `declared-capabilities`) as skipped.
+//!
+//! Each suite is a table of rows (a check and what it needs first: an earlier check
+//! that passed, or leave to attach on a lab fabric); one loop runs the rows in order
+//! and records a skip that names the unmet need instead of running a row that cannot
+//! run. Every check's name is written once, in `table`.
 
+mod attached;
 mod checks;
+mod error;
 pub mod fabric;
+mod faults;
 pub mod fti;
 mod lab;
 pub mod redfish;
 pub mod report;
 mod run;
 mod suite;
+mod table;
 pub mod trace;
 
+pub use error::SuiteError;
 pub use fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
 pub use fti::FtiApi;
 pub use lab::{LabAttach, LabTarget, lab_attach as suite_lab_attach, run_lab};
 pub use report::{CheckResult, Report, Status, Summary};
 pub use suite::{SuiteOptions, default_fti_api, run_simulated, tool_runtime_options};
 pub use trace::{CallTrace, Recorder, UseRecord};
-
-/// Why the suite could not run at all (a check failing is a [`Report`], not this).
-#[derive(Debug, thiserror::Error)]
-pub enum SuiteError {
-    #[error("cannot read the component {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("cannot load the component: {0}")]
-    Load(String),
-    #[error("cannot start the simulator: {0}")]
-    Simulator(String),
-    #[error(
-        "cannot tell which fabric the provider is for{0}: pass --fabric fti or --fabric redfish"
-    )]
-    NoFabric(String),
-    #[error("provider spec: {0}")]
-    Spec(String),
-    #[error("an FTI API (--fti-api) was chosen for a {0} provider; it applies to FTI only")]
-    FtiApiForOtherFabric(&'static str),
-}

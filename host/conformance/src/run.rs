@@ -2,18 +2,19 @@
 //! and the checks recorded so far; and the helpers that build resources and specs.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, AddRequest, AttachedDevice, CallError, Claim, ComposableResource, DeviceInfo,
-    DeviceType, Provider, ProviderInfo, ProviderSpec, RemoveOutcome, Runtime,
+    DeviceType, Provider, ProviderInfo, ProviderSpec, RemoveOutcome, Runtime, RuntimeOptions,
 };
 use serde_json::{Value, json};
 
 use crate::SuiteError;
-use crate::report::{CheckResult, Status};
+use crate::report::{CheckResult, Report, Status};
 use crate::trace::{CallTrace, Recorder, UseRecord, millis};
 
 /// How long an attach or detach may stay in progress before the check gives up.
@@ -45,6 +46,77 @@ pub(crate) struct Run {
     pub(crate) over_budget: Vec<String>,
     pub(crate) memory_limit: u64,
     pub(crate) checks: Vec<CheckResult>,
+}
+
+impl Run {
+    /// A run of `main`, configured with `config`, recording nothing yet.
+    pub(crate) fn new(
+        main: Subject,
+        info: Option<ProviderInfo>,
+        config: BTreeMap<String, String>,
+        memory_limit: u64,
+    ) -> Run {
+        Run {
+            main,
+            info,
+            config,
+            calls: Vec::new(),
+            uses: Vec::new(),
+            all_calls: Vec::new(),
+            over_budget: Vec::new(),
+            memory_limit,
+            checks: Vec::new(),
+        }
+    }
+
+    /// The report of the checks recorded, for `component` against `fabric`.
+    pub(crate) fn report(self, component: &Path, fabric: String, started: Instant) -> Report {
+        Report {
+            component: component.display().to_string(),
+            provider: self.info.as_ref().map(who),
+            contract: self.main.provider.contract_version().to_string(),
+            fabric,
+            checks: self.checks,
+            duration_ms: millis(started.elapsed()),
+        }
+    }
+}
+
+/// The component under test: its bytes, the runtime that loads it and what its
+/// `describe()` says (`None` for contract 0.1.0).
+pub(crate) struct Component {
+    pub(crate) runtime: Runtime,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) info: Option<ProviderInfo>,
+}
+
+impl Component {
+    /// Reads the component at `path` and asks it what it is.
+    pub(crate) async fn open(
+        path: &Path,
+        options: RuntimeOptions,
+    ) -> Result<Component, SuiteError> {
+        let bytes = read_component(path)?;
+        let runtime = Runtime::new(options).map_err(|e| SuiteError::Load(e.to_string()))?;
+        let info = runtime
+            .describe_bytes(bytes.clone())
+            .await
+            .map_err(|e| SuiteError::Load(e.to_string()))?;
+        Ok(Component {
+            runtime,
+            bytes,
+            info,
+        })
+    }
+
+    /// Loads the component as `spec` says, seeing `cluster`.
+    pub(crate) async fn load(
+        &self,
+        spec: &ProviderSpec,
+        cluster: StaticCluster,
+    ) -> Result<Subject, SuiteError> {
+        load(&self.runtime, spec, &self.bytes, cluster).await
+    }
 }
 
 pub(crate) type Verdict = (Status, String);

@@ -1,19 +1,25 @@
-//! Running the suite against the simulator of the provider's fabric.
+//! Running the suite against the simulator of the provider's fabric: the table of its
+//! checks, what they need, and the state they hand on (the devices attached).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cro_runtime::{Claim, ProviderInfo, Runtime, RuntimeOptions};
-use serde_json::json;
+use cro_runtime::{AttachedDevice, Claim, ProviderInfo, RuntimeOptions};
+use serde_json::{Value, json};
 
 use crate::SuiteError;
-use crate::checks::*;
-use crate::fabric::{Fabric, FabricKind, FaultKind, Op};
+use crate::attached::{self, Target};
+use crate::checks::{declared_verdict, denied_verdict, describe_verdict, resources_verdict};
+use crate::fabric::{Fabric, FabricKind, FaultKind};
+use crate::faults;
 use crate::fti::{FtiApi, FtiFabric};
 use crate::redfish::RedfishFabric;
-use crate::report::{Report, Status};
-use crate::run::*;
+use crate::report::Report;
+use crate::run::{
+    Component, NODE, Run, Verdict, claim, resource, spec_for, wanted_device, who, with_device,
+};
+use crate::table::{CheckId, Need, Row, Suite, run_table};
 
 /// How the suite runs.
 #[derive(Debug, Clone)]
@@ -72,230 +78,287 @@ pub fn default_fti_api(info: Option<&ProviderInfo>) -> FtiApi {
     }
 }
 
+/// The simulated suite, in the order of the report.
+pub(crate) const SIMULATED: &[Row] = &[
+    Row::new(CheckId::Describe, &[]),
+    Row::new(CheckId::Attach, &[]),
+    Row::new(CheckId::Check, ATTACHED),
+    Row::new(CheckId::CheckWarning, ATTACHED),
+    Row::new(CheckId::GetResources, ATTACHED),
+    Row::new(CheckId::InProgress, ATTACHED),
+    Row::new(CheckId::LostReplyRetry, ATTACHED),
+    Row::new(CheckId::Detach, ATTACHED),
+    Row::new(
+        CheckId::DetachTwice,
+        &[Need::Passed(CheckId::Attach), Need::Passed(CheckId::Detach)],
+    ),
+    Row::new(CheckId::Fault5xxCheck, ATTACHED),
+    Row::new(CheckId::FaultMalformedCheck, ATTACHED),
+    Row::new(CheckId::FaultLostCheck, ATTACHED),
+    // A faulted attach needs no attached device (it claims it when there is one).
+    Row::new(CheckId::Fault5xxAttach, &[]),
+    Row::new(CheckId::FaultMalformedAttach, &[]),
+    Row::new(CheckId::FaultLostAttach, &[]),
+    Row::new(CheckId::Deadline, &[]),
+    Row::new(CheckId::Denied, &[]),
+    Row::new(CheckId::DeclaredCapabilities, &[]),
+    Row::new(CheckId::Resources, &[]),
+];
+
+/// The checks of the device `attach` attached.
+const ATTACHED: &[Need] = &[Need::Passed(CheckId::Attach)];
+
 /// Runs the suite against the simulator of the provider's fabric.
 pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
     let started = Instant::now();
-    let bytes = read_component(&opts.component)?;
-    let runtime =
-        Runtime::new(opts.runtime.clone()).map_err(|e| SuiteError::Load(e.to_string()))?;
-    let info = runtime
-        .describe_bytes(bytes.clone())
-        .await
-        .map_err(|e| SuiteError::Load(e.to_string()))?;
-    let kind = match (opts.fabric, &info) {
-        (Some(k), _) => k,
-        (None, Some(i)) => FabricKind::from_info(i)
-            .ok_or_else(|| SuiteError::NoFabric(format!(" from its describe() ({})", who(i))))?,
-        (None, None) => {
-            return Err(SuiteError::NoFabric(
-                " (contract 0.1.0 has no describe())".into(),
-            ));
-        }
-    };
+    let component = Component::open(&opts.component, opts.runtime.clone()).await?;
+    let kind = fabric_kind(opts.fabric, component.info.as_ref())?;
     if let (Some(_), FabricKind::Redfish) = (opts.fti_api, kind) {
         return Err(SuiteError::FtiApiForOtherFabric(kind.as_str()));
     }
     let fti_api = opts
         .fti_api
-        .unwrap_or_else(|| default_fti_api(info.as_ref()));
+        .unwrap_or_else(|| default_fti_api(component.info.as_ref()));
     let fabric: Box<dyn Fabric> = match kind {
         FabricKind::Fti => Box::new(FtiFabric::start(fti_api)?),
         FabricKind::Redfish => Box::new(RedfishFabric::start()?),
     };
-    let mut config = fabric.config();
-    config.extend(opts.config.clone());
-    let grants = fabric.grants();
-    let spec = spec_for(
-        "conformance",
-        &opts.component,
-        &config,
-        &grants,
-        opts.call_timeout_ms,
-        opts.memory_bytes,
-    )?;
-    let main = load(&runtime, &spec, &bytes, fabric.cluster().clone()).await?;
-    let contract = main.provider.contract_version().to_string();
-    let mut run = Run {
-        main,
-        info: info.clone(),
-        config: config.clone(),
-        calls: Vec::new(),
-        uses: Vec::new(),
-        all_calls: Vec::new(),
-        over_budget: Vec::new(),
-        memory_limit: opts.memory_bytes,
-        checks: Vec::new(),
-    };
+    let mut suite = Simulated::start(opts, component, kind, fabric).await?;
+    run_table(&mut suite, SIMULATED).await?;
+    Ok(suite
+        .run
+        .report(&opts.component, fabric_name(kind, fti_api), started))
+}
 
-    let t = Instant::now();
-    let verdict = describe_verdict(info.as_ref(), opts.fabric.is_some(), kind);
-    run.record("describe", t, verdict);
-
-    let machine = fabric.add_node(NODE);
-    let (device_type, declared_model) = wanted_device(info.as_ref());
-    let model = fabric.add_free_devices(device_type, declared_model.as_deref(), 8);
-    let r1 = resource("conformance-dev-1", NODE, device_type, &model);
-
-    // attach
-    let t = Instant::now();
-    let mut dev1 = None;
-    let verdict = match run.attach(&request(&r1, "attempt-1", vec![])).await {
-        Err(e) => fail(format!("attach failed: {e}")),
-        Ok(d) => {
-            let held = fabric.attached(&machine);
-            let verdict = if !held.iter().any(|f| f.is(&d) && f.ready) {
-                fail(format!(
-                    "the provider reported device {} (fabric id {}) attached, but the fabric holds {} on machine {machine}",
-                    d.device_id,
-                    d.fabric_device_id,
-                    describe_held(&held)
-                ))
-            } else if held.len() != 1 {
-                fail(format!(
-                    "one attach left {} devices on the machine",
-                    held.len()
-                ))
-            } else if d.machine_id.as_deref().is_some_and(|m| m != machine) {
-                fail(format!(
-                    "the provider reported machine {:?}; the fabric attached the device to {machine}",
-                    d.machine_id
-                ))
-            } else {
-                pass(format!(
-                    "device {} attached to machine {machine}",
-                    d.device_id
-                ))
-            };
-            if verdict.0 == Status::Pass {
-                dev1 = Some(d);
-            }
-            verdict
-        }
-    };
-    run.record("attach", t, verdict);
-
-    let needs = "needs a passing `attach`";
-    match &dev1 {
-        None => {
-            for name in [
-                "check",
-                "check-warning",
-                "get-resources",
-                "in-progress",
-                "lost-reply-retry",
-                "detach",
-                "detach-twice",
-                "fault-5xx-check",
-                "fault-malformed-check",
-                "fault-lost-check",
-            ] {
-                run.record(name, Instant::now(), skip(needs));
-            }
-        }
-        Some(dev1) => {
-            attached_checks(&mut run, fabric.as_ref(), &machine, &r1, dev1, &model).await;
-        }
-    }
-
-    for (name, fault) in [
-        ("fault-5xx-attach", FaultKind::ServerError),
-        ("fault-malformed-attach", FaultKind::MalformedBody),
-        ("fault-lost-attach", FaultKind::LostRequest),
-    ] {
-        let t = Instant::now();
-        let verdict = fault_on_attach(
-            &mut run,
-            fabric.as_ref(),
-            &machine,
-            fault,
-            name,
-            &model,
-            dev1.as_ref(),
-        )
-        .await;
-        fabric.clear_faults();
-        run.record(name, t, verdict);
-    }
-
-    // deadline: a provider whose deadline is short, against a reply that comes later.
-    let t = Instant::now();
-    let short_spec = spec_for(
-        "conformance-deadline",
-        &opts.component,
-        &config,
-        &grants,
-        opts.deadline_ms,
-        opts.memory_bytes,
-    )?;
-    let short = load(&runtime, &short_spec, &bytes, fabric.cluster().clone()).await?;
-    let deadline = Duration::from_millis(opts.deadline_ms);
-    let probe = match &dev1 {
-        Some(d) => with_device(&r1, d),
-        None => r1.clone(),
-    };
-    fabric.inject(
-        FaultKind::Slow(deadline + Duration::from_millis(1500)),
-        Op::First,
-    );
-    let called = Instant::now();
-    let r = short.provider.check_resource(&probe).await;
-    let took = called.elapsed();
-    run.note(
-        &short.recorder,
-        "check-resource (short deadline)",
-        &r,
-        false,
-    );
-    fabric.clear_faults();
-    let slow = FaultKind::Slow(deadline + Duration::from_millis(1500));
-    let verdict = match typed_for(slow, &r.map(|()| "ok".to_string()), false) {
-        Err(why) => fail(why),
-        Ok(_) if took > deadline + DEADLINE_SLACK => fail(format!(
-            "the call returned {} ms after it started; its deadline was {} ms",
-            took.as_millis(),
-            deadline.as_millis()
+/// The fabric: `given`, else the one the provider's `describe()` points at.
+fn fabric_kind(
+    given: Option<FabricKind>,
+    info: Option<&ProviderInfo>,
+) -> Result<FabricKind, SuiteError> {
+    match (given, info) {
+        (Some(k), _) => Ok(k),
+        (None, Some(i)) => FabricKind::from_info(i)
+            .ok_or_else(|| SuiteError::NoFabric(format!(" from its describe() ({})", who(i)))),
+        (None, None) => Err(SuiteError::NoFabric(
+            " (contract 0.1.0 has no describe())".into(),
         )),
-        Ok(why) => {
-            // The provider must still work after a call that ran out of time.
-            let after = match &dev1 {
-                Some(_) => run.check(&probe).await.map(|_| ()),
-                None => Ok(()),
-            };
-            match after {
-                Ok(()) => pass(format!(
-                    "{why} after {} ms (deadline {} ms); the next call works",
-                    took.as_millis(),
-                    deadline.as_millis()
-                )),
-                Err(e) => fail(format!(
-                    "after a call hit its deadline the next check failed: {e}"
-                )),
-            }
-        }
-    };
-    run.record("deadline", t, verdict);
+    }
+}
 
-    // denied: the same provider with no HTTP grant.
-    let t = Instant::now();
-    let mut no_http = grants.clone();
-    no_http["http"] = json!([]);
-    let denied_spec = spec_for(
-        "conformance-denied",
-        &opts.component,
-        &config,
-        &no_http,
-        opts.call_timeout_ms,
-        opts.memory_bytes,
-    )?;
-    let denied = load(&runtime, &denied_spec, &bytes, fabric.cluster().clone()).await?;
-    let claims: Vec<Claim> = dev1.iter().map(|d| claim(&r1, d)).collect();
-    let verdict = denied_verdict(&mut run, &denied, &claims).await;
-    run.record("denied", t, verdict);
-
-    let fabric_name = match (kind, fti_api) {
+/// The fabric as the report names it.
+fn fabric_name(kind: FabricKind, fti_api: FtiApi) -> String {
+    match (kind, fti_api) {
         (FabricKind::Fti, FtiApi::Fm) => "fti (Fabric Manager API)".to_string(),
         (FabricKind::Fti, FtiApi::Cm) => "fti (Cluster Manager API)".to_string(),
         (k, _) => k.as_str().to_string(),
-    };
-    finish(run, &opts.component, fabric_name, contract, started)
+    }
+}
+
+/// One simulated run: the component, the fabric and what the checks hand on.
+struct Simulated<'a> {
+    opts: &'a SuiteOptions,
+    component: Component,
+    kind: FabricKind,
+    /// The provider's configuration: the fabric's, with `opts.config` on top.
+    config: BTreeMap<String, String>,
+    grants: Value,
+    target: Target,
+    run: Run,
+    /// The device of `attach`, when it passed.
+    dev1: Option<AttachedDevice>,
+    /// The device `lost-reply-retry` attached, when its retry reported one.
+    dev3: Option<AttachedDevice>,
+}
+
+impl<'a> Simulated<'a> {
+    /// Loads the provider against `fabric`, seeded with a node and free devices.
+    async fn start(
+        opts: &'a SuiteOptions,
+        component: Component,
+        kind: FabricKind,
+        fabric: Box<dyn Fabric>,
+    ) -> Result<Simulated<'a>, SuiteError> {
+        let mut config = fabric.config();
+        config.extend(opts.config.clone());
+        let grants = fabric.grants();
+        let spec = spec_for(
+            "conformance",
+            &opts.component,
+            &config,
+            &grants,
+            opts.call_timeout_ms,
+            opts.memory_bytes,
+        )?;
+        let main = component.load(&spec, fabric.cluster().clone()).await?;
+        let run = Run::new(
+            main,
+            component.info.clone(),
+            config.clone(),
+            opts.memory_bytes,
+        );
+        let machine = fabric.add_node(NODE);
+        let (device_type, declared_model) = wanted_device(component.info.as_ref());
+        let model = fabric.add_free_devices(device_type, declared_model.as_deref(), 8);
+        let r1 = resource("conformance-dev-1", NODE, device_type, &model);
+        let target = Target {
+            fabric,
+            machine,
+            model,
+            r1,
+        };
+        Ok(Simulated {
+            opts,
+            component,
+            kind,
+            config,
+            grants,
+            target,
+            run,
+            dev1: None,
+            dev3: None,
+        })
+    }
+
+    /// The checks of the attached device (the table runs them only after `attach`
+    /// passed).
+    async fn attached_verdict(&mut self, check: CheckId) -> Verdict {
+        let Some(dev1) = self.dev1.clone() else {
+            return Need::Passed(CheckId::Attach).skip();
+        };
+        let (run, t) = (&mut self.run, &self.target);
+        match check {
+            CheckId::Check => attached::healthy(run, t, &dev1).await,
+            CheckId::CheckWarning => attached::warning(run, t, &dev1).await,
+            CheckId::GetResources => attached::listed(run, t, &dev1).await,
+            CheckId::InProgress => attached::in_progress(run, t, &dev1).await,
+            CheckId::LostReplyRetry => {
+                let (verdict, dev3) = attached::lost_reply_retry(run, t, &dev1).await;
+                self.dev3 = dev3;
+                verdict
+            }
+            CheckId::Detach => match &self.dev3 {
+                Some(d3) => attached::detach(run, t, d3).await,
+                None => skip_without_dev3(),
+            },
+            CheckId::DetachTwice => match &self.dev3 {
+                Some(d3) => attached::detach_twice(run, t, d3).await,
+                None => Need::Passed(CheckId::Detach).skip(),
+            },
+            CheckId::Fault5xxCheck => {
+                faults::fault_on_check(run, t, FaultKind::ServerError, &dev1).await
+            }
+            CheckId::FaultMalformedCheck => {
+                faults::fault_on_check(run, t, FaultKind::MalformedBody, &dev1).await
+            }
+            CheckId::FaultLostCheck => {
+                faults::fault_on_check(run, t, FaultKind::LostRequest, &dev1).await
+            }
+            other => unknown(other),
+        }
+    }
+
+    /// `fault-*-attach`: `fault` on the attach of a resource named after `check`.
+    async fn fault_on_attach(&mut self, check: CheckId, fault: FaultKind) -> Verdict {
+        let (run, t) = (&mut self.run, &self.target);
+        faults::fault_on_attach(run, t, fault, check.name(), self.dev1.as_ref()).await
+    }
+
+    /// `deadline`: a provider whose deadline is short, against a reply that comes later.
+    async fn deadline(&mut self) -> Result<Verdict, SuiteError> {
+        let opts = self.opts;
+        let short_spec = spec_for(
+            "conformance-deadline",
+            &opts.component,
+            &self.config,
+            &self.grants,
+            opts.deadline_ms,
+            opts.memory_bytes,
+        )?;
+        let cluster = self.target.fabric.cluster().clone();
+        let short = self.component.load(&short_spec, cluster).await?;
+        let probe = match &self.dev1 {
+            Some(d) => with_device(&self.target.r1, d),
+            None => self.target.r1.clone(),
+        };
+        let deadline = Duration::from_millis(opts.deadline_ms);
+        let attached = self.dev1.is_some();
+        let (run, t) = (&mut self.run, &self.target);
+        Ok(faults::deadline(run, t, &short, &probe, deadline, attached).await)
+    }
+
+    /// `denied`: the same provider with no HTTP grant.
+    async fn denied(&mut self) -> Result<Verdict, SuiteError> {
+        let opts = self.opts;
+        let mut no_http = self.grants.clone();
+        no_http["http"] = json!([]);
+        let denied_spec = spec_for(
+            "conformance-denied",
+            &opts.component,
+            &self.config,
+            &no_http,
+            opts.call_timeout_ms,
+            opts.memory_bytes,
+        )?;
+        let cluster = self.target.fabric.cluster().clone();
+        let denied = self.component.load(&denied_spec, cluster).await?;
+        let claims: Vec<Claim> = self
+            .dev1
+            .iter()
+            .map(|d| claim(&self.target.r1, d))
+            .collect();
+        Ok(denied_verdict(&mut self.run, &denied, &claims).await)
+    }
+}
+
+impl Suite for Simulated<'_> {
+    fn run(&mut self) -> &mut Run {
+        &mut self.run
+    }
+
+    fn attach_allowed(&self) -> bool {
+        // The simulator is the suite's own.
+        true
+    }
+
+    async fn verdict(&mut self, check: CheckId) -> Result<Verdict, SuiteError> {
+        Ok(match check {
+            CheckId::Describe => describe_verdict(
+                self.component.info.as_ref(),
+                self.opts.fabric.is_some(),
+                self.kind,
+            ),
+            CheckId::Attach => {
+                let (verdict, dev1) = attached::attach(&mut self.run, &self.target).await;
+                self.dev1 = dev1;
+                verdict
+            }
+            CheckId::Fault5xxAttach => self.fault_on_attach(check, FaultKind::ServerError).await,
+            CheckId::FaultMalformedAttach => {
+                self.fault_on_attach(check, FaultKind::MalformedBody).await
+            }
+            CheckId::FaultLostAttach => self.fault_on_attach(check, FaultKind::LostRequest).await,
+            CheckId::Deadline => self.deadline().await?,
+            CheckId::Denied => self.denied().await?,
+            CheckId::DeclaredCapabilities => declared_verdict(&self.run),
+            CheckId::Resources => resources_verdict(&self.run),
+            attached => self.attached_verdict(attached).await,
+        })
+    }
+}
+
+/// `detach` detaches the device `lost-reply-retry` attached; without one it is skipped.
+fn skip_without_dev3() -> Verdict {
+    crate::run::skip(format!(
+        "needs the device of `{}`",
+        CheckId::LostReplyRetry.name()
+    ))
+}
+
+/// A check the simulated table does not list reaching its dispatch: a mistake of the
+/// suite, reported as a failure so that it cannot pass unnoticed.
+fn unknown(check: CheckId) -> Verdict {
+    crate::run::fail(format!(
+        "the simulated suite has no function for `{}`",
+        check.name()
+    ))
 }
