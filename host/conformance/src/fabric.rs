@@ -13,10 +13,10 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FabricKind {
-    /// The Fujitsu FTI fabric (`tests/fabric-sim`), the reference fabric; Fabric
+    /// The Fujitsu FTI fabric (`simulators/fti`), the reference fabric; Fabric
     /// Manager API.
     Fti,
-    /// A DMTF Redfish composition service (`tests/redfish-sim`).
+    /// A DMTF Redfish composition service (`simulators/redfish`).
     Redfish,
 }
 

@@ -1,4 +1,4 @@
-//! The FTI fabric driver: `tests/fabric-sim` over HTTPS with the credentials in the
+//! The FTI fabric driver: `simulators/fti` over HTTPS with the credentials in the
 //! Secret the Go operator used. Two APIs (docs/fti-fabric-api.md):
 //! - the Fabric Manager ([`FtiApi::Fm`]): synchronous attach and detach; Nodes with
 //!   `spec.providerID: fsas-cdi://<machine>`;

@@ -1,4 +1,4 @@
-//! The Redfish fabric driver: `tests/redfish-sim` over HTTP, with the Redfish provider's
+//! The Redfish fabric driver: `simulators/redfish` over HTTP, with the Redfish provider's
 //! conventions (`docs/redfish-api.md`): config `endpoint`, Secret keys `username` and
 //! `password`, Nodes with `spec.providerID: redfish://<system-id>`.
 
