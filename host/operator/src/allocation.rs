@@ -126,16 +126,60 @@ pub fn plan(
         (Some(need), Some(node)) => node.capacity.covers(need),
     };
 
-    // Resources already on their way out are neither kept nor dropped again.
-    let live: Vec<&ResourceView> = existing
-        .iter()
-        .filter(|r| {
-            !r.being_deleted && !matches!(r.state, DeviceState::Detaching | DeviceState::Deleting)
-        })
-        .collect();
+    let (candidates, mut mismatched) = sort_existing(request, existing, &node_fits);
+    let samenode_home = match request.policy {
+        Policy::DifferentNode => None,
+        Policy::SameNode => request
+            .target_node
+            .clone()
+            .or_else(|| busiest_node(&candidates)),
+    };
+    let kept = choose_kept(request, candidates, samenode_home.as_deref());
 
-    let (mut candidates, mut mismatched): (Vec<&ResourceView>, Vec<&ResourceView>) =
-        live.into_iter().partition(|r| {
+    let needed = request.size - kept.keep.len();
+    let create = if needed == 0 {
+        Vec::new()
+    } else {
+        match request.policy {
+            Policy::SameNode => {
+                let node = samenode_node(
+                    request,
+                    &samenode_home,
+                    nodes,
+                    &node_fits,
+                    other_samenode_nodes,
+                )?;
+                vec![node; needed]
+            }
+            Policy::DifferentNode => free_nodes(nodes, &kept.used_nodes, &node_fits, needed)?,
+        }
+    };
+
+    let Kept {
+        keep, mut surplus, ..
+    } = kept;
+    mismatched.append(&mut surplus);
+    mismatched.sort_by(|a, b| drop_order(a, b));
+    Ok(Plan {
+        keep: keep.iter().map(|r| r.name.clone()).collect(),
+        drop: mismatched.iter().map(|r| r.name.clone()).collect(),
+        create,
+    })
+}
+
+/// The existing resources that still count, split into those that match the request
+/// (most worth keeping first) and those that do not.
+fn sort_existing<'a>(
+    request: &RequestView,
+    existing: &'a [ResourceView],
+    node_fits: &dyn Fn(&str) -> bool,
+) -> (Vec<&'a ResourceView>, Vec<&'a ResourceView>) {
+    // Resources already on their way out are neither kept nor dropped again.
+    let live = existing.iter().filter(|r| {
+        !r.being_deleted && !matches!(r.state, DeviceState::Detaching | DeviceState::Deleting)
+    });
+    let (mut candidates, mismatched): (Vec<&ResourceView>, Vec<&ResourceView>) =
+        live.partition(|r| {
             // force_detach is not compared (the Go operator did): the request controller
             // copies it onto the resources instead, so that turning it on to unstick a
             // detach does not replace every device (docs/differences-from-go.md).
@@ -151,72 +195,65 @@ pub fn plan(
         });
     // Most worth keeping first: the reverse of the order in which surplus is dropped.
     candidates.sort_by(|a, b| drop_order(b, a));
+    (candidates, mismatched)
+}
 
-    let samenode_home = match request.policy {
-        Policy::DifferentNode => None,
-        Policy::SameNode => request
-            .target_node
-            .clone()
-            .or_else(|| busiest_node(&candidates)),
+/// Which matching resources a plan keeps, and the nodes they are on.
+struct Kept<'a> {
+    keep: Vec<&'a ResourceView>,
+    surplus: Vec<&'a ResourceView>,
+    used_nodes: BTreeSet<&'a str>,
+}
+
+/// Keeps candidates (best first) up to the request's size where the policy allows them:
+/// on the samenode home, or one per node.
+fn choose_kept<'a>(
+    request: &RequestView,
+    candidates: Vec<&'a ResourceView>,
+    samenode_home: Option<&str>,
+) -> Kept<'a> {
+    let mut kept = Kept {
+        keep: Vec::new(),
+        surplus: Vec::new(),
+        used_nodes: BTreeSet::new(),
     };
-
-    let mut keep: Vec<&ResourceView> = Vec::new();
-    let mut surplus: Vec<&ResourceView> = Vec::new();
-    let mut used_nodes: BTreeSet<&str> = BTreeSet::new();
     for r in candidates {
         let placed_ok = match request.policy {
-            Policy::SameNode => samenode_home.as_deref() == Some(r.target_node.as_str()),
-            Policy::DifferentNode => !used_nodes.contains(r.target_node.as_str()),
+            Policy::SameNode => samenode_home == Some(r.target_node.as_str()),
+            Policy::DifferentNode => !kept.used_nodes.contains(r.target_node.as_str()),
         };
-        if keep.len() < request.size && placed_ok {
-            used_nodes.insert(r.target_node.as_str());
-            keep.push(r);
+        if kept.keep.len() < request.size && placed_ok {
+            kept.used_nodes.insert(r.target_node.as_str());
+            kept.keep.push(r);
         } else {
-            surplus.push(r);
+            kept.surplus.push(r);
         }
     }
+    kept
+}
 
-    let needed = request.size - keep.len();
-    let create = if needed == 0 {
-        Vec::new()
-    } else {
-        match request.policy {
-            Policy::SameNode => {
-                let node = samenode_node(
-                    request,
-                    &samenode_home,
-                    nodes,
-                    &node_fits,
-                    other_samenode_nodes,
-                )?;
-                vec![node; needed]
-            }
-            Policy::DifferentNode => {
-                let free: Vec<String> = nodes
-                    .iter()
-                    .map(|n| n.name.as_str())
-                    .filter(|n| !used_nodes.contains(n) && node_fits(n))
-                    .take(needed)
-                    .map(str::to_owned)
-                    .collect();
-                if free.len() < needed {
-                    return Err(AllocationError::InsufficientNodes {
-                        needed,
-                        found: free.len(),
-                    });
-                }
-                free
-            }
-        }
-    };
-
-    mismatched.append(&mut surplus);
-    mismatched.sort_by(|a, b| drop_order(a, b));
-    Ok(Plan {
-        keep: keep.iter().map(|r| r.name.clone()).collect(),
-        drop: mismatched.iter().map(|r| r.name.clone()).collect(),
-        create,
-    })
+/// `needed` fitting nodes none of the kept resources is on (differentnode), in the
+/// nodes' order.
+fn free_nodes(
+    nodes: &[NodeView],
+    used_nodes: &BTreeSet<&str>,
+    node_fits: &dyn Fn(&str) -> bool,
+    needed: usize,
+) -> Result<Vec<String>, AllocationError> {
+    let free: Vec<String> = nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|n| !used_nodes.contains(n) && node_fits(n))
+        .take(needed)
+        .map(str::to_owned)
+        .collect();
+    if free.len() < needed {
+        return Err(AllocationError::InsufficientNodes {
+            needed,
+            found: free.len(),
+        });
+    }
+    Ok(free)
 }
 
 fn samenode_node(

@@ -382,22 +382,36 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn into_config(self) -> Result<OperatorConfig, ConfigError> {
-        let provider = match (self.provider_spec, self.provider_objects) {
-            (_, true) => ProviderSource::Objects,
-            (Some(p), false) => ProviderSource::SpecFile(p),
-            (None, false) => ProviderSource::GoEnvironment,
-        };
-        let mut config = OperatorConfig::new(provider);
+        let mut config = OperatorConfig::new(self.provider_source());
         config.mode = parse_mode(&self.device_resource_type)?;
-        config.gpu_operator_namespace = self.gpu_operator_namespace;
+        config.gpu_operator_namespace = self.gpu_operator_namespace.clone();
         config.namespace = self.leader_election_namespace.clone();
         config.release_orphan_cxl_memory = self.release_orphan_cxl_memory;
         config.provider_secret_namespaces = self
             .provider_secret_namespaces
-            .into_iter()
+            .iter()
             .map(|n| n.trim().to_owned())
             .filter(|n| !n.is_empty())
             .collect();
+        self.apply_pacing(&mut config)?;
+        self.apply_listeners(&mut config)?;
+        config.webhook = self.webhook_config()?;
+        config.leader_election = self.leader_election()?;
+        Ok(config)
+    }
+
+    /// A spec file, the cluster's `CdiProvider` objects, or (neither given) the Go
+    /// operator's environment.
+    fn provider_source(&self) -> ProviderSource {
+        match (&self.provider_spec, self.provider_objects) {
+            (_, true) => ProviderSource::Objects,
+            (Some(p), false) => ProviderSource::SpecFile(p.clone()),
+            (None, false) => ProviderSource::GoEnvironment,
+        }
+    }
+
+    /// The periods, backoff and concurrency; a period of 0 would spin, so it is refused.
+    fn apply_pacing(&self, config: &mut OperatorConfig) -> Result<(), ConfigError> {
         config.timings.sync_period = setting_duration(&self.sync_period, SYNC_PERIOD)?;
         config.timings.orphan_grace =
             setting_duration(&self.orphan_grace_period, ORPHAN_GRACE_PERIOD)?;
@@ -421,31 +435,51 @@ impl RunArgs {
                 return Err(ConfigError::Invalid(format!("the {name} must not be 0")));
             }
         }
-        let addr = |text: &str, what: &str| -> Result<SocketAddr, ConfigError> {
-            // The Go operator's ":8080" form: every interface.
-            let full = match text.strip_prefix(':') {
-                Some(port) => format!("0.0.0.0:{port}"),
-                None => text.to_owned(),
-            };
-            full.parse()
-                .map_err(|e| ConfigError::Invalid(format!("{what} {text:?}: {e}")))
-        };
-        // "0" is how the Go operator switches a listener off.
-        let optional = |text: &str, what: &str| match text.trim() {
-            "" | "0" => Ok(None),
-            a => addr(a, what).map(Some),
-        };
-        config.metrics_addr = optional(&self.metrics_addr, "metrics address")?;
+        Ok(())
+    }
+
+    /// The metrics and probe listeners; a probe address equal to the metrics one is
+    /// served by the metrics listener alone.
+    fn apply_listeners(&self, config: &mut OperatorConfig) -> Result<(), ConfigError> {
+        config.metrics_addr = optional_listen_addr(&self.metrics_addr, "metrics address")?;
         config.metrics_secure = self.metrics_secure;
         config.probe_addr = match &self.health_probe_addr {
-            Some(a) => optional(a, "health probe address")?,
+            Some(a) => optional_listen_addr(a, "health probe address")?,
             None => None,
         };
         if config.probe_addr.is_some() && config.probe_addr == config.metrics_addr {
             config.probe_addr = None;
         }
-        let webhook_addr = addr(&self.webhook_addr, "webhook address")?;
-        let (cert, key) = match (self.webhook_cert, self.webhook_key) {
+        Ok(())
+    }
+
+    /// The webhook: off, served from certificate files, or self-managed.
+    fn webhook_config(&self) -> Result<Option<WebhookConfig>, ConfigError> {
+        let webhook_addr = listen_addr(&self.webhook_addr, "webhook address")?;
+        let (cert, key) = self.webhook_files();
+        match (cert, key, self.webhook_self_managed) {
+            (Some(cert_file), Some(key_file), false) => Ok(Some(WebhookConfig {
+                addr: webhook_addr,
+                certs: WebhookCerts::Files {
+                    cert_file,
+                    key_file,
+                },
+            })),
+            (None, None, false) => Ok(None),
+            (None, None, true) => self.self_managed_webhook(webhook_addr).map(Some),
+            (_, _, true) => Err(ConfigError::Invalid(
+                "choose either webhook certificate files or a self-managed webhook".into(),
+            )),
+            _ => Err(ConfigError::Invalid(
+                "the webhook needs both a certificate and a key".into(),
+            )),
+        }
+    }
+
+    /// The certificate and key named by flags, else both files of the certificate
+    /// directory when both exist (and the webhook is not self-managed).
+    fn webhook_files(&self) -> (Option<PathBuf>, Option<PathBuf>) {
+        match (&self.webhook_cert, &self.webhook_key) {
             (None, None) if !self.webhook_self_managed => {
                 let (c, k) = (
                     self.webhook_cert_dir.join("tls.crt"),
@@ -457,73 +491,81 @@ impl RunArgs {
                     (None, None)
                 }
             }
-            given => given,
+            (cert, key) => (cert.clone(), key.clone()),
+        }
+    }
+
+    /// The self-managed webhook's Secret, configuration, DNS names and lifetimes.
+    fn self_managed_webhook(&self, addr: SocketAddr) -> Result<WebhookConfig, ConfigError> {
+        let ns = &self.leader_election_namespace;
+        let svc = &self.webhook_service;
+        let policy = CertPolicy {
+            ca_validity: setting_duration(&self.webhook_ca_validity, CA_VALIDITY)?,
+            serving_validity: setting_duration(&self.webhook_cert_validity, CERT_VALIDITY)?,
+            ..CertPolicy::default()
         };
-        config.webhook = match (cert, key, self.webhook_self_managed) {
-            (Some(cert_file), Some(key_file), false) => Some(WebhookConfig {
-                addr: webhook_addr,
-                certs: WebhookCerts::Files {
-                    cert_file,
-                    key_file,
-                },
+        if policy.serving_validity < Duration::from_secs(3600)
+            || policy.ca_validity < policy.serving_validity
+        {
+            return Err(ConfigError::Invalid(
+                "webhook certificates must live at least 1h, the CA at least as long".into(),
+            ));
+        }
+        Ok(WebhookConfig {
+            addr,
+            certs: WebhookCerts::SelfManaged(SelfManagedCerts {
+                namespace: ns.clone(),
+                secret_name: self.webhook_secret.clone(),
+                webhook_configuration: self.webhook_configuration.clone(),
+                dns_names: vec![
+                    format!("{svc}.{ns}.svc"),
+                    format!("{svc}.{ns}.svc.cluster.local"),
+                ],
+                policy,
             }),
-            (None, None, false) => None,
-            (None, None, true) => {
-                let ns = &self.leader_election_namespace;
-                let svc = &self.webhook_service;
-                let policy = CertPolicy {
-                    ca_validity: setting_duration(&self.webhook_ca_validity, CA_VALIDITY)?,
-                    serving_validity: setting_duration(&self.webhook_cert_validity, CERT_VALIDITY)?,
-                    ..CertPolicy::default()
-                };
-                if policy.serving_validity < Duration::from_secs(3600)
-                    || policy.ca_validity < policy.serving_validity
-                {
-                    return Err(ConfigError::Invalid(
-                        "webhook certificates must live at least 1h, the CA at least as long"
-                            .into(),
-                    ));
-                }
-                Some(WebhookConfig {
-                    addr: webhook_addr,
-                    certs: WebhookCerts::SelfManaged(SelfManagedCerts {
-                        namespace: ns.clone(),
-                        secret_name: self.webhook_secret,
-                        webhook_configuration: self.webhook_configuration,
-                        dns_names: vec![
-                            format!("{svc}.{ns}.svc"),
-                            format!("{svc}.{ns}.svc.cluster.local"),
-                        ],
-                        policy,
-                    }),
-                })
-            }
-            (_, _, true) => {
-                return Err(ConfigError::Invalid(
-                    "choose either webhook certificate files or a self-managed webhook".into(),
-                ));
-            }
-            _ => {
-                return Err(ConfigError::Invalid(
-                    "the webhook needs both a certificate and a key".into(),
-                ));
-            }
-        };
-        if self.leader_elect {
-            let identity = self.identity.filter(|i| !i.is_empty()).unwrap_or_else(|| {
+        })
+    }
+
+    /// The leader Lease and this replica's identity in it, when leader election is on.
+    fn leader_election(&self) -> Result<Option<LeaderElectionConfig>, ConfigError> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let identity = self
+            .identity
+            .clone()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| {
                 let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "cro".into());
                 format!("{host}-{}", uuid::Uuid::new_v4().simple())
             });
-            if self.leader_election_id.trim().is_empty() {
-                return Err(ConfigError::Invalid(
-                    "the leader election id must not be empty".into(),
-                ));
-            }
-            let mut le = LeaderElectionConfig::new(&self.leader_election_namespace, &identity);
-            le.lease_name = self.leader_election_id.trim().to_owned();
-            config.leader_election = Some(le);
+        if self.leader_election_id.trim().is_empty() {
+            return Err(ConfigError::Invalid(
+                "the leader election id must not be empty".into(),
+            ));
         }
-        Ok(config)
+        let mut le = LeaderElectionConfig::new(&self.leader_election_namespace, &identity);
+        le.lease_name = self.leader_election_id.trim().to_owned();
+        Ok(Some(le))
+    }
+}
+
+/// A listen address; the Go operator's ":8080" form means every interface.
+fn listen_addr(text: &str, what: &str) -> Result<SocketAddr, ConfigError> {
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.parse()
+        .map_err(|e| ConfigError::Invalid(format!("{what} {text:?}: {e}")))
+}
+
+/// A listen address that may be off: "" or "0" is how the Go operator switches a
+/// listener off.
+fn optional_listen_addr(text: &str, what: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    match text.trim() {
+        "" | "0" => Ok(None),
+        a => listen_addr(a, what).map(Some),
     }
 }
 

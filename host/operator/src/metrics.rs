@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -138,6 +138,13 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 19))
 }
 
+/// Registers `metric` and hands back the handle the operator updates (a clone shares
+/// the values).
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoutedLabels {
     provider: String,
@@ -202,87 +209,76 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("cro");
-        let reconciles = Family::<ControllerLabels, Counter>::default();
-        registry.register(
-            "reconciles",
-            "Reconciliations by controller and outcome (ok, error)",
-            reconciles.clone(),
-        );
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciliations by controller and error kind",
-            reconcile_errors.clone(),
-        );
-        let reconcile_duration: Histograms<ControllerOnly> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time spent in one reconciliation",
-            reconcile_duration.clone(),
-        );
-        let provider_calls = Family::<ProviderLabels, Counter>::default();
-        registry.register(
-            "provider_calls",
-            "Provider calls by operation and outcome (ok, in_progress, or the error kind)",
-            provider_calls.clone(),
-        );
-        let provider_duration: Histograms<OperationLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "provider_call_duration_seconds",
-            "Latency of provider calls by operation",
-            provider_duration.clone(),
-        );
-        let admission_reviews = Family::<AdmissionLabels, Counter>::default();
-        registry.register(
-            "admission_reviews",
-            "ComposabilityRequest admission reviews by outcome (allowed, denied, invalid)",
-            admission_reviews.clone(),
-        );
-        let admission_denials = Family::<DenialLabels, Counter>::default();
-        registry.register(
-            "admission_denials",
-            "ComposabilityRequests refused by the webhook, by rule",
-            admission_denials.clone(),
-        );
-        let orphans_tracked = Gauge::default();
-        registry.register(
-            "orphan_devices",
-            "Devices the fabric reports that no ComposableResource holds",
-            orphans_tracked.clone(),
-        );
-        let orphans_released = Counter::default();
-        registry.register(
-            "orphan_devices_released",
-            "Ready-to-detach ComposableResources created for orphaned devices",
-            orphans_released.clone(),
-        );
-        let attach_adoptions = Counter::default();
-        registry.register(
-            "attach_adoptions",
-            "Devices adopted by an attach whose earlier reply was lost, instead of asking the fabric again",
-            attach_adoptions.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this instance holds the leader Lease",
-            leader.clone(),
-        );
+        let r = &mut registry;
+        // Registered (and so listed at /metrics) in the order written here.
         Self {
+            reconciles: registered(
+                r,
+                "reconciles",
+                "Reconciliations by controller and outcome (ok, error)",
+                Family::<ControllerLabels, Counter>::default(),
+            ),
+            reconcile_errors: registered(
+                r,
+                "reconcile_errors",
+                "Failed reconciliations by controller and error kind",
+                Family::<ErrorLabels, Counter>::default(),
+            ),
+            reconcile_duration: registered(
+                r,
+                "reconcile_duration_seconds",
+                "Time spent in one reconciliation",
+                Family::new_with_constructor(latency_histogram),
+            ),
+            provider_calls: registered(
+                r,
+                "provider_calls",
+                "Provider calls by operation and outcome (ok, in_progress, or the error kind)",
+                Family::<ProviderLabels, Counter>::default(),
+            ),
+            provider_duration: registered(
+                r,
+                "provider_call_duration_seconds",
+                "Latency of provider calls by operation",
+                Family::new_with_constructor(latency_histogram),
+            ),
+            admission_reviews: registered(
+                r,
+                "admission_reviews",
+                "ComposabilityRequest admission reviews by outcome (allowed, denied, invalid)",
+                Family::<AdmissionLabels, Counter>::default(),
+            ),
+            admission_denials: registered(
+                r,
+                "admission_denials",
+                "ComposabilityRequests refused by the webhook, by rule",
+                Family::<DenialLabels, Counter>::default(),
+            ),
+            orphans_tracked: registered(
+                r,
+                "orphan_devices",
+                "Devices the fabric reports that no ComposableResource holds",
+                Gauge::default(),
+            ),
+            orphans_released: registered(
+                r,
+                "orphan_devices_released",
+                "Ready-to-detach ComposableResources created for orphaned devices",
+                Counter::default(),
+            ),
+            attach_adoptions: registered(
+                r,
+                "attach_adoptions",
+                "Devices adopted by an attach whose earlier reply was lost, instead of asking the fabric again",
+                Counter::default(),
+            ),
+            leader: registered(
+                r,
+                "leader",
+                "1 while this instance holds the leader Lease",
+                Gauge::default(),
+            ),
             registry: Mutex::new(registry),
-            reconciles,
-            reconcile_errors,
-            reconcile_duration,
-            provider_calls,
-            provider_duration,
-            admission_reviews,
-            admission_denials,
-            orphans_tracked,
-            orphans_released,
-            attach_adoptions,
-            leader,
         }
     }
 

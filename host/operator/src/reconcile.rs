@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -145,7 +146,6 @@ where
     let started = Instant::now();
     let key = object_key(&obj);
     let reference = obj.object_ref(&());
-    let api: Api<K> = Api::all(ctx.client.clone());
     let name = obj.name_any();
     let result = reconcile(obj).await;
     let error_kind = result.as_ref().err().map(ReconcileError::kind);
@@ -154,39 +154,7 @@ where
     match result {
         Ok((step, latest)) => {
             ctx.succeeded(&key);
-            // `latest` is the object as the reconciliation left it (None: deleted).
-            let Some(latest) = latest else {
-                ctx.left_at(&key, None);
-                return Ok(step.action);
-            };
-            let Some(report) =
-                conditions::report_patch(&latest, &step.error, step.not_ready, Timestamp::now())
-            else {
-                ctx.left_at(&key, latest.meta().resource_version.as_deref());
-                return Ok(step.action);
-            };
-            if !step.error.is_empty() && latest.status_error() != step.error {
-                ctx.event(
-                    &reference,
-                    EventType::Warning,
-                    "Unhealthy",
-                    "Check",
-                    &step.error,
-                )
-                .await;
-            }
-            match patch::status(&api, &latest, &report, false).await {
-                Ok(reported) => ctx.left_at(&key, reported.meta().resource_version.as_deref()),
-                // Gone while this reconciliation finished: nothing left to report on.
-                Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {
-                    ctx.left_at(&key, None);
-                }
-                Err(e) => {
-                    ctx.left_at(&key, None);
-                    return Err(e);
-                }
-            }
-            Ok(step.action)
+            report_success(ctx, &key, &reference, step, latest).await
         }
         Err(e) if e.is_conflict() => {
             tracing::debug!(object = %key, "conflict; retrying");
@@ -195,23 +163,85 @@ where
         }
         Err(e) => {
             ctx.left_at(&key, None);
-            let message = e.to_string();
-            tracing::warn!(object = %key, error = %message, "reconcile failed");
-            ctx.event(
-                &reference,
-                EventType::Warning,
-                event_reason(&e),
-                "Reconcile",
-                &message,
-            )
-            .await;
-            // Read again: the failed reconciliation may have changed the state (which the
-            // condition's reason names) or cleared an earlier error.
-            if let Err(write) = record_failure(&api, &name, &message).await {
-                tracing::warn!(object = %key, error = %write, "cannot record the error");
-            }
+            report_failure::<K>(ctx, &key, &reference, &name, &e).await;
             Err(e)
         }
+    }
+}
+
+/// Writes the Ready condition (and `status.error`) a successful reconciliation implies,
+/// with a Warning Event for a new error, and notes the version it left.
+async fn report_success<K>(
+    ctx: &Context,
+    key: &str,
+    reference: &ObjectReference,
+    step: Step,
+    latest: Option<K>,
+) -> Result<Action, ReconcileError>
+where
+    K: Reported + Clone + DeserializeOwned + Debug,
+{
+    // `latest` is the object as the reconciliation left it (None: deleted).
+    let Some(latest) = latest else {
+        ctx.left_at(key, None);
+        return Ok(step.action);
+    };
+    let Some(report) =
+        conditions::report_patch(&latest, &step.error, step.not_ready, Timestamp::now())
+    else {
+        ctx.left_at(key, latest.meta().resource_version.as_deref());
+        return Ok(step.action);
+    };
+    if !step.error.is_empty() && latest.status_error() != step.error {
+        ctx.event(
+            reference,
+            EventType::Warning,
+            "Unhealthy",
+            "Check",
+            &step.error,
+        )
+        .await;
+    }
+    let api: Api<K> = Api::all(ctx.client.clone());
+    match patch::status(&api, &latest, &report, false).await {
+        Ok(reported) => ctx.left_at(key, reported.meta().resource_version.as_deref()),
+        // Gone while this reconciliation finished: nothing left to report on.
+        Err(ReconcileError::Kube(kube::Error::Api(ae))) if ae.code == 404 => {
+            ctx.left_at(key, None);
+        }
+        Err(e) => {
+            ctx.left_at(key, None);
+            return Err(e);
+        }
+    }
+    Ok(step.action)
+}
+
+/// A failed reconciliation: logged, a Warning Event, and the error in `status.error`.
+async fn report_failure<K>(
+    ctx: &Context,
+    key: &str,
+    reference: &ObjectReference,
+    name: &str,
+    e: &ReconcileError,
+) where
+    K: Reported + Clone + DeserializeOwned + Debug,
+{
+    let message = e.to_string();
+    tracing::warn!(object = %key, error = %message, "reconcile failed");
+    ctx.event(
+        reference,
+        EventType::Warning,
+        event_reason(e),
+        "Reconcile",
+        &message,
+    )
+    .await;
+    // Read again: the failed reconciliation may have changed the state (which the
+    // condition's reason names) or cleared an earlier error.
+    let api: Api<K> = Api::all(ctx.client.clone());
+    if let Err(write) = record_failure(&api, name, &message).await {
+        tracing::warn!(object = %key, error = %write, "cannot record the error");
     }
 }
 

@@ -244,100 +244,128 @@ async fn review_request(
     request: &AdmissionRequest<DynamicObject>,
 ) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
-    let deny =
-        |response: AdmissionResponse, outcome: &str, reason: Option<&str>, message: String| {
+    match judge(state, request).await {
+        Ok(()) => {
+            state.metrics.admission("allowed", None);
+            response
+        }
+        Err(Denial {
+            outcome,
+            reason,
+            message,
+        }) => {
             state.metrics.admission(outcome, reason);
             tracing::info!(name = %request.name, %message, "admission denied");
             response.deny(message)
-        };
+        }
+    }
+}
+
+/// Why a review refused: the outcome and reason it is counted under, and what the
+/// client is told.
+struct Denial {
+    /// `invalid` (the review itself is malformed), `denied` or `error` (retry).
+    outcome: &'static str,
+    reason: Option<&'static str>,
+    message: String,
+}
+
+impl Denial {
+    fn invalid(message: String) -> Self {
+        Denial {
+            outcome: "invalid",
+            reason: None,
+            message,
+        }
+    }
+
+    fn error(message: String) -> Self {
+        Denial {
+            outcome: "error",
+            reason: None,
+            message,
+        }
+    }
+
+    fn refused(refusal: &Refusal) -> Self {
+        Denial {
+            outcome: "denied",
+            reason: Some(refusal_label(refusal)),
+            message: refusal.to_string(),
+        }
+    }
+}
+
+/// Judges one review of a ComposabilityRequest.
+async fn judge(
+    state: &WebhookState,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<(), Denial> {
     if !matches!(request.operation, Operation::Create | Operation::Update) {
-        state.metrics.admission("allowed", None);
-        return response;
+        return Ok(());
     }
     let (new, old) = match (
         typed::<ComposabilityRequest>(&request.object),
         typed::<ComposabilityRequest>(&request.old_object),
     ) {
         (Ok(Some(new)), Ok(old)) => (new, old),
-        (Ok(None), _) => {
-            return deny(
-                response,
-                "invalid",
-                None,
-                "the request has no object".into(),
-            );
-        }
-        (Err(e), _) | (_, Err(e)) => return deny(response, "invalid", None, e),
+        (Ok(None), _) => return Err(Denial::invalid("the request has no object".into())),
+        (Err(e), _) | (_, Err(e)) => return Err(Denial::invalid(e)),
     };
     // Metadata-only updates (finalizers, labels) and objects on their way out are not
     // re-judged: refusing them could block a deletion forever.
     let unchanged = old.as_ref().is_some_and(|o| o.spec == new.spec);
     if unchanged || new.metadata.deletion_timestamp.is_some() {
-        state.metrics.admission("allowed", None);
-        return response;
+        return Ok(());
     }
     // Until the first full list has arrived the cache cannot say who else exists.
     if tokio::time::timeout(CACHE_WAIT, state.requests.wait_until_ready())
         .await
         .map_or(true, |r| r.is_err())
     {
-        return deny(
-            response,
-            "error",
-            None,
+        return Err(Denial::error(
             "the webhook's view of ComposabilityRequests is not loaded yet; retry".into(),
-        );
+        ));
     }
+    check_against_others(state, &new)?;
+    let old_target = old.as_ref().map(|o| o.spec.resource.target_node());
+    match admission::target_to_check(new.spec.resource.target_node(), old_target) {
+        Some(target) => check_target(state, target).await,
+        None => Ok(()),
+    }
+}
+
+/// The request against every other one the cache holds (docs/behaviour.md §6).
+fn check_against_others(state: &WebhookState, new: &ComposabilityRequest) -> Result<(), Denial> {
     let others = state.requests.state();
     let summaries: Vec<_> = others.iter().map(|r| views::request_summary(r)).collect();
-    let mut mine = views::request_summary(&new);
+    let mut mine = views::request_summary(new);
     if mine.name.is_empty() {
         // generateName: the final name is not known yet, and it collides with nobody.
         mine.name = format!("(new {})", uuid::Uuid::new_v4());
     }
-    match admission::validate(&mine, &summaries) {
-        Ok(()) => {}
-        Err(refusal) => {
-            return deny(
-                response,
-                "denied",
-                Some(refusal_label(&refusal)),
-                refusal.to_string(),
-            );
-        }
+    admission::validate(&mine, &summaries).map_err(|refusal| Denial::refused(&refusal))
+}
+
+/// The target node exists, and a provider serves it.
+async fn check_target(state: &WebhookState, target: &str) -> Result<(), Denial> {
+    match state.nodes.get_opt(target).await {
+        Ok(Some(node)) => match unserved(state, target, &node) {
+            Some(message) => Err(Denial {
+                outcome: "denied",
+                reason: Some("no_provider"),
+                message,
+            }),
+            None => Ok(()),
+        },
+        Ok(None) => Err(Denial::refused(&Refusal::UnknownTargetNode(
+            target.to_owned(),
+        ))),
+        Err(e) => Err(Denial::error(format!(
+            "cannot check that target_node {target} exists: {}; retry",
+            crate::text::kube_error(&e)
+        ))),
     }
-    let old_target = old.as_ref().map(|o| o.spec.resource.target_node());
-    if let Some(target) = admission::target_to_check(new.spec.resource.target_node(), old_target) {
-        match state.nodes.get_opt(target).await {
-            Ok(Some(node)) => {
-                if let Some(message) = unserved(state, target, &node) {
-                    return deny(response, "denied", Some("no_provider"), message);
-                }
-            }
-            Ok(None) => {
-                let refusal = Refusal::UnknownTargetNode(target.to_owned());
-                return deny(
-                    response,
-                    "denied",
-                    Some(refusal_label(&refusal)),
-                    refusal.to_string(),
-                );
-            }
-            Err(e) => {
-                return deny(
-                    response,
-                    "error",
-                    None,
-                    format!(
-                        "cannot check that target_node {target} exists: {}; retry",
-                        crate::text::kube_error(&e)
-                    ),
-                );
-            }
-        }
-    }
-    state.metrics.admission("allowed", None);
-    response
 }
 
 fn route_entry(p: &CdiProvider) -> RouteEntry {

@@ -191,26 +191,8 @@ impl GpuOps {
             return Ok(());
         };
         let bus = drain_bus_arg(gpu.bus_id, opts.mode);
-        let node = &driver.pod.node;
 
-        let query_cmd = driver.smi(&["drain", "-p", &bus, "-q"]);
-        let state = if opts.mode == ExposureMode::DevicePlugin {
-            // The Go operator never asked in device-plugin mode: a query that fails or an
-            // answer this nvidia-smi words differently is no reason to stop there.
-            let out = self.run(driver, query_cmd).await?;
-            match smi::parse_drain_state(&out.stdout) {
-                Ok(state) if out.exit_code == 0 => state,
-                parsed => {
-                    tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
-                        output = %first_words(&out.stdout), error = ?parsed.err(),
-                        "unrecognised drain state; going on as not draining");
-                    DrainState::NotDraining
-                }
-            }
-        } else {
-            let out = self.run_ok(driver, query_cmd).await?;
-            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))?
-        };
+        let state = self.drain_state(driver, uuid, &bus, opts.mode).await?;
         if state == DrainState::NotDraining {
             self.run_ok(driver, driver.smi(&["-i", uuid, "-pm", "0"]))
                 .await?;
@@ -220,19 +202,7 @@ impl GpuOps {
                     .await?;
             }
         }
-
-        let holders = self
-            .run_ok(driver, driver.host_sh(&holders_script(gpu.minor)))
-            .await?;
-        let holders = holders.stdout.trim();
-        if !holders.is_empty() {
-            return Err(NodeOpsError::DeviceHeld {
-                node: node.clone(),
-                minor: gpu.minor,
-                processes: holders.lines().collect::<Vec<_>>().join(", "),
-            });
-        }
-
+        self.ensure_unheld(driver, gpu).await?;
         if opts.mode == ExposureMode::Dra {
             self.run_ok(
                 driver,
@@ -244,13 +214,70 @@ impl GpuOps {
             self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-m", "1"]))
                 .await?;
         }
+        let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
+        self.remove_from_node(driver, gpu, &bus, last_on_host, opts.mode)
+            .await
+    }
 
+    /// Whether the GPU is draining already (a drain repeated after a crash).
+    async fn drain_state(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+        bus: &str,
+        mode: ExposureMode,
+    ) -> Result<DrainState, NodeOpsError> {
+        let query_cmd = driver.smi(&["drain", "-p", bus, "-q"]);
+        if mode == ExposureMode::DevicePlugin {
+            // The Go operator never asked in device-plugin mode: a query that fails or an
+            // answer this nvidia-smi words differently is no reason to stop there.
+            let out = self.run(driver, query_cmd).await?;
+            Ok(match smi::parse_drain_state(&out.stdout) {
+                Ok(state) if out.exit_code == 0 => state,
+                parsed => {
+                    tracing::warn!(node = %driver.pod.node, gpu = uuid, code = out.exit_code,
+                        output = %first_words(&out.stdout), error = ?parsed.err(),
+                        "unrecognised drain state; going on as not draining");
+                    DrainState::NotDraining
+                }
+            })
+        } else {
+            let out = self.run_ok(driver, query_cmd).await?;
+            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))
+        }
+    }
+
+    /// Refuses while a process on the host still has the GPU's device file open.
+    async fn ensure_unheld(&self, driver: &Driver, gpu: &Gpu) -> Result<(), NodeOpsError> {
+        let holders = self
+            .run_ok(driver, driver.host_sh(&holders_script(gpu.minor)))
+            .await?;
+        let holders = holders.stdout.trim();
+        if !holders.is_empty() {
+            return Err(NodeOpsError::DeviceHeld {
+                node: driver.pod.node.clone(),
+                minor: gpu.minor,
+                processes: holders.lines().collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the GPU off the PCI bus (on a VM, or the host driver's last GPU, with the
+    /// modules unloaded first) or resets it.
+    async fn remove_from_node(
+        &self,
+        driver: &Driver,
+        gpu: &Gpu,
+        bus: &str,
+        last_on_host: bool,
+        mode: ExposureMode,
+    ) -> Result<(), NodeOpsError> {
         let on_vm = self
             .run(driver, driver.host_sh("grep -q hypervisor /proc/cpuinfo"))
             .await?
             .exit_code
             == 0;
-        let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
         if last_on_host {
             self.unload_after_last_gpu(driver).await?;
         }
@@ -258,26 +285,26 @@ impl GpuOps {
             let sysfs = gpu.bus_id.sysfs();
             self.run_ok(driver, driver.host_sh(&sysfs_remove_script(&sysfs)))
                 .await?;
-        } else {
-            let reset = driver.smi(&["drain", "-p", &bus, "-r"]);
-            let out = self.run(driver, reset.clone()).await?;
-            if out.exit_code != 0 {
-                if opts.mode != ExposureMode::DevicePlugin {
-                    return Err(NodeOpsError::CommandFailed {
-                        pod: driver.pod.to_string(),
-                        command: reset.join(" "),
-                        code: out.exit_code,
-                        stderr: first_words(if out.stderr.trim().is_empty() {
-                            &out.stdout
-                        } else {
-                            &out.stderr
-                        }),
-                    });
-                }
-                // As in the Go operator: the fabric's detach takes the GPU away anyway.
-                tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
-                    stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
+            return Ok(());
+        }
+        let reset = driver.smi(&["drain", "-p", bus, "-r"]);
+        let out = self.run(driver, reset.clone()).await?;
+        if out.exit_code != 0 {
+            if mode != ExposureMode::DevicePlugin {
+                return Err(NodeOpsError::CommandFailed {
+                    pod: driver.pod.to_string(),
+                    command: reset.join(" "),
+                    code: out.exit_code,
+                    stderr: first_words(if out.stderr.trim().is_empty() {
+                        &out.stdout
+                    } else {
+                        &out.stderr
+                    }),
+                });
             }
+            // As in the Go operator: the fabric's detach takes the GPU away anyway.
+            tracing::warn!(node = %driver.pod.node, gpu = gpu.uuid.as_str(), code = out.exit_code,
+                stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use super::{Outcome, exposure, node_exists};
 use crate::context::Context;
 use crate::error::ReconcileError;
 use crate::node_machine::NodeMachine;
-use crate::nodeops::{Discovery, DrainOptions, ExposureMode, NodeOpsError, driver};
+use crate::nodeops::{Discovery, DrainOptions, Driver, ExposureMode, NodeOpsError, driver};
 use crate::patch::{self, ResourceStatusPatch};
 use crate::provider::{Operation, to_domain};
 use crate::reconcile::Step;
@@ -123,11 +123,9 @@ async fn let_go(res: ComposableResource, ctx: &Context) -> Outcome {
 }
 
 async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
-    let name = res.name_any();
     let node = res.spec.target_node.clone();
     let poll = ctx.config.timings.poll_interval;
     let uuid = res.device_id().unwrap_or_default().to_owned();
-    let is_gpu = res.spec.resource_type == ResourceType::Gpu;
 
     let steps = node_steps(
         node_exists(ctx, &node).await?,
@@ -142,28 +140,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
             tracing::info!(node = %node, device = %uuid, steps = ?other, "detaching with fewer node steps")
         }
     }
-
-    let driver = if is_gpu && steps == NodeSteps::All {
-        match driver::discover(
-            &ctx.client,
-            ctx.runner.as_ref(),
-            &node,
-            &ctx.config.namespace,
-            ctx.caches.driver_pods_on(&node),
-        )
-        .await?
-        {
-            Discovery::Ready(driver) => Some(driver),
-            // No driver pod at all: nothing on the node can use or hold the GPU, so there
-            // is nothing to drain (a GPU attached but never picked up).
-            Discovery::ContainerPending { pod: None } => None,
-            Discovery::ContainerPending { pod: Some(pod) } => {
-                return Err(NodeOpsError::DriverInstalling { node, pod }.into());
-            }
-        }
-    } else {
-        None
-    };
+    let driver = drain_driver(ctx, &res, steps).await?;
 
     // Held through the fabric call: an attach on this node meanwhile could be handed
     // this very device back, and must store its ids before the check below runs.
@@ -176,41 +153,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
         drop(guard);
         return finish(res, ctx, &uuid, steps).await;
     }
-
-    if let Some(driver) = &driver
-        && ctx.gpu.is_listed(driver, &uuid).await?
-    {
-        // A GPU already gone from the node (drained, or removed before a crash) needs
-        // neither the idle check nor the drain.
-        if !res.spec.force_detach {
-            ctx.gpu.ensure_idle(driver, &uuid, ctx.config.mode).await?;
-        }
-        if let Some(dra) = &ctx.dra
-            && ctx.config.mode == ExposureMode::Dra
-            && let Some(device) = dra.find_device(&ctx.client, &uuid).await?
-        {
-            dra.taint(&ctx.client, &name, &uuid, &device).await?;
-        }
-        ctx.gpu
-            .drain(
-                driver,
-                &uuid,
-                DrainOptions {
-                    mode: ctx.config.mode,
-                    force: res.spec.force_detach,
-                },
-            )
-            .await?;
-    }
-    if steps == NodeSteps::NoCommands
-        && is_gpu
-        && let Some(dra) = &ctx.dra
-        && ctx.config.mode == ExposureMode::Dra
-        && let Some(device) = dra.find_device(&ctx.client, &uuid).await?
-    {
-        dra.taint(&ctx.client, &name, &uuid, &device).await?;
-    }
-
+    release_on_node(ctx, &res, driver.as_ref(), &uuid, steps).await?;
     match ctx.provider.remove(&guard, &to_domain(&res)).await {
         Ok(RemoveOutcome::InProgress(what)) => {
             tracing::info!(node = %node, what = %what, "detach in progress");
@@ -221,24 +164,118 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     }
     drop(guard);
 
-    if let Some(driver) = &driver {
-        let still_seen = exposure::visible(ctx, driver, &uuid).await?;
+    if still_on_node(ctx, &res, driver.as_ref(), &uuid, steps).await? {
+        return Ok((Step::requeue(poll), Some(res)));
+    }
+    finish(res, ctx, &uuid, steps).await
+}
+
+/// The driver a GPU is drained through, when the whole node sequence runs; `None` when
+/// there is nothing to drain.
+async fn drain_driver(
+    ctx: &Context,
+    res: &ComposableResource,
+    steps: NodeSteps,
+) -> Result<Option<Driver>, ReconcileError> {
+    if res.spec.resource_type != ResourceType::Gpu || steps != NodeSteps::All {
+        return Ok(None);
+    }
+    let node = &res.spec.target_node;
+    match driver::discover(
+        &ctx.client,
+        ctx.runner.as_ref(),
+        node,
+        &ctx.config.namespace,
+        ctx.caches.driver_pods_on(node),
+    )
+    .await?
+    {
+        Discovery::Ready(driver) => Ok(Some(driver)),
+        // No driver pod at all: nothing on the node can use or hold the GPU, so there
+        // is nothing to drain (a GPU attached but never picked up).
+        Discovery::ContainerPending { pod: None } => Ok(None),
+        Discovery::ContainerPending { pod: Some(pod) } => Err(NodeOpsError::DriverInstalling {
+            node: node.clone(),
+            pod,
+        }
+        .into()),
+    }
+}
+
+/// Before the fabric removes the GPU: the idle check, the DRA taint and the drain (those
+/// the steps allow).
+async fn release_on_node(
+    ctx: &Context,
+    res: &ComposableResource,
+    driver: Option<&Driver>,
+    uuid: &str,
+    steps: NodeSteps,
+) -> Result<(), ReconcileError> {
+    let name = res.name_any();
+    if let Some(driver) = driver
+        && ctx.gpu.is_listed(driver, uuid).await?
+    {
+        // A GPU already gone from the node (drained, or removed before a crash) needs
+        // neither the idle check nor the drain.
+        if !res.spec.force_detach {
+            ctx.gpu.ensure_idle(driver, uuid, ctx.config.mode).await?;
+        }
+        if let Some(dra) = &ctx.dra
+            && ctx.config.mode == ExposureMode::Dra
+            && let Some(device) = dra.find_device(&ctx.client, uuid).await?
+        {
+            dra.taint(&ctx.client, &name, uuid, &device).await?;
+        }
+        ctx.gpu
+            .drain(
+                driver,
+                uuid,
+                DrainOptions {
+                    mode: ctx.config.mode,
+                    force: res.spec.force_detach,
+                },
+            )
+            .await?;
+    }
+    if steps == NodeSteps::NoCommands
+        && res.spec.resource_type == ResourceType::Gpu
+        && let Some(dra) = &ctx.dra
+        && ctx.config.mode == ExposureMode::Dra
+        && let Some(device) = dra.find_device(&ctx.client, uuid).await?
+    {
+        dra.taint(&ctx.client, &name, uuid, &device).await?;
+    }
+    Ok(())
+}
+
+/// After the fabric removed the GPU: rescans the node and tells whether it still shows
+/// the GPU (then the detach looks again later).
+async fn still_on_node(
+    ctx: &Context,
+    res: &ComposableResource,
+    driver: Option<&Driver>,
+    uuid: &str,
+    steps: NodeSteps,
+) -> Result<bool, ReconcileError> {
+    let name = res.name_any();
+    if let Some(driver) = driver {
+        let still_seen = exposure::visible(ctx, driver, uuid).await?;
         if still_seen || ctx.config.mode == ExposureMode::DevicePlugin {
             exposure::rescan(ctx, driver, &name, false).await?;
         }
         if still_seen {
             tracing::debug!(gpu = %uuid, "GPU still visible after the detach");
-            return Ok((Step::requeue(poll), Some(res)));
+            return Ok(true);
         }
     }
-    if steps == NodeSteps::NoCommands && is_gpu {
-        exposure::rescan_after_detach(ctx, &node, &name).await?;
-        if exposure::still_published(ctx, &uuid).await? {
+    if steps == NodeSteps::NoCommands && res.spec.resource_type == ResourceType::Gpu {
+        exposure::rescan_after_detach(ctx, &res.spec.target_node, &name).await?;
+        if exposure::still_published(ctx, uuid).await? {
             tracing::debug!(gpu = %uuid, "GPU still published after the detach");
-            return Ok((Step::requeue(poll), Some(res)));
+            return Ok(true);
         }
     }
-    finish(res, ctx, &uuid, steps).await
+    Ok(false)
 }
 
 /// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
