@@ -282,7 +282,7 @@ impl Metrics {
         }
     }
 
-    pub fn reconciled(&self, controller: &str, error_kind: Option<&str>, took: Duration) {
+    pub(crate) fn reconciled(&self, controller: &str, error_kind: Option<&str>, took: Duration) {
         let outcome = if error_kind.is_some() { "error" } else { "ok" };
         self.reconciles
             .get_or_create(&ControllerLabels {
@@ -305,7 +305,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn provider_call(&self, operation: &str, outcome: &str, took: Duration) {
+    pub(crate) fn provider_call(&self, operation: &str, outcome: &str, took: Duration) {
         self.provider_calls
             .get_or_create(&ProviderLabels {
                 operation: operation.into(),
@@ -319,7 +319,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn admission(&self, outcome: &str, denial_reason: Option<&str>) {
+    pub(crate) fn admission(&self, outcome: &str, denial_reason: Option<&str>) {
         self.admission_reviews
             .get_or_create(&AdmissionLabels {
                 outcome: outcome.into(),
@@ -334,25 +334,28 @@ impl Metrics {
         }
     }
 
-    pub fn set_orphans(&self, n: usize) {
+    pub(crate) fn set_orphans(&self, n: usize) {
         self.orphans_tracked
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    pub fn orphan_released(&self) {
+    pub(crate) fn orphan_released(&self) {
         self.orphans_released.inc();
     }
 
-    pub fn attach_adopted(&self) {
+    pub(crate) fn attach_adopted(&self) {
         self.attach_adoptions.inc();
     }
 
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
     }
 
     /// Exports the capability denials `source` counts (the provider's gate).
-    pub fn watch_denials(&self, source: impl Fn() -> Option<DenialCounts> + Send + Sync + 'static) {
+    pub(crate) fn watch_denials(
+        &self,
+        source: impl Fn() -> Option<DenialCounts> + Send + Sync + 'static,
+    ) {
         self.registry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -361,7 +364,7 @@ impl Metrics {
 
     /// Exports `cro_provider_budget_exceeded_total{provider,budget}` from `source` (the
     /// runtime's per-provider budget counters).
-    pub fn watch_budgets(
+    pub(crate) fn watch_budgets(
         &self,
         source: impl Fn() -> Option<(String, Vec<(&'static str, u64)>)> + Send + Sync + 'static,
     ) {
@@ -372,7 +375,7 @@ impl Metrics {
     }
 
     /// Exports `cro_provider_routed_calls_total{provider,outcome}` from `source`.
-    pub fn watch_routed_calls(
+    pub(crate) fn watch_routed_calls(
         &self,
         source: impl Fn() -> Vec<(String, u64, u64)> + Send + Sync + 'static,
     ) {
@@ -384,7 +387,7 @@ impl Metrics {
 
     /// Exports how many warnings the provider logged (`source` reads its count), e.g. a
     /// node the FTI provider left out of a device listing (docs/fti-fabric-api.md).
-    pub fn watch_provider_warnings(
+    pub(crate) fn watch_provider_warnings(
         &self,
         source: impl Fn() -> Option<u64> + Send + Sync + 'static,
     ) {

@@ -17,7 +17,7 @@ pub enum ExposureMode {
 
 impl ExposureMode {
     /// The `DEVICE_RESOURCE_TYPE` value that selects it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ExposureMode::DevicePlugin => "DEVICE_PLUGIN",
             ExposureMode::Dra => "DRA",
@@ -26,9 +26,9 @@ impl ExposureMode {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct DrainOptions {
-    pub mode: ExposureMode,
-    pub force: bool,
+pub(crate) struct DrainOptions {
+    pub(crate) mode: ExposureMode,
+    pub(crate) force: bool,
 }
 
 const QUERY_GPUS: &[&str] = &[
@@ -43,22 +43,22 @@ const NO_DEVICES: &str = "No devices were found";
 /// The kernel modules unloaded after a host driver's last GPU is gone. Never `nvidia`
 /// or `nvidia_modeset`: the next attach needs them, and unloading them fails while
 /// nvidia-persistenced runs.
-pub const UNLOADED_AFTER_LAST_GPU: [&str; 2] = ["nvidia_drm", "nvidia_uvm"];
+pub(crate) const UNLOADED_AFTER_LAST_GPU: [&str; 2] = ["nvidia_drm", "nvidia_uvm"];
 /// Stops the driver container's nvidia-persistenced through its pid file. Linux keeps
 /// only 15 characters of a process name (`nvidia-persiste`), so matching the name
 /// `nvidia-persistenced` (as `pkill -x` would) never finds it; the name check guards
 /// against a stale pid file whose pid now belongs to another process.
-pub const STOP_PERSISTENCED: &str = "pid=$(cat /var/run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null) || exit 0; [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = nvidia-persiste ] && kill $pid; exit 0";
+pub(crate) const STOP_PERSISTENCED: &str = "pid=$(cat /var/run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null) || exit 0; [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = nvidia-persiste ] && kill $pid; exit 0";
 /// Prints each GPU's proc information file, separated, for hosts whose nvidia-smi fails.
 const PROC_INFORMATION: &str = "for f in /proc/driver/nvidia/gpus/*/information; do [ -f \"$f\" ] && cat \"$f\" && echo '%%'; done; true";
 
 #[derive(Clone)]
-pub struct GpuOps {
+pub(crate) struct GpuOps {
     runner: Arc<dyn CommandRunner>,
 }
 
 impl GpuOps {
-    pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
+    pub(crate) fn new(runner: Arc<dyn CommandRunner>) -> Self {
         Self { runner }
     }
 
@@ -92,7 +92,7 @@ impl GpuOps {
 
     /// The node's GPUs. `No devices were found` is an empty list, not an error; a host
     /// driver whose nvidia-smi fails is read from its proc files instead.
-    pub async fn list_gpus(&self, driver: &Driver) -> Result<Vec<Gpu>, NodeOpsError> {
+    pub(crate) async fn list_gpus(&self, driver: &Driver) -> Result<Vec<Gpu>, NodeOpsError> {
         let out = self.run(driver, driver.smi(QUERY_GPUS)).await?;
         if out.stdout.contains(NO_DEVICES) {
             return Ok(Vec::new());
@@ -121,11 +121,18 @@ impl GpuOps {
         })
     }
 
-    pub async fn is_listed(&self, driver: &Driver, uuid: &str) -> Result<bool, NodeOpsError> {
+    pub(crate) async fn is_listed(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+    ) -> Result<bool, NodeOpsError> {
         Ok(self.list_gpus(driver).await?.iter().any(|g| g.uuid == uuid))
     }
 
-    pub async fn compute_apps(&self, driver: &Driver) -> Result<Vec<ComputeApp>, NodeOpsError> {
+    pub(crate) async fn compute_apps(
+        &self,
+        driver: &Driver,
+    ) -> Result<Vec<ComputeApp>, NodeOpsError> {
         let out = self.run(driver, driver.smi(QUERY_APPS)).await?;
         if out.stdout.contains(NO_DEVICES) {
             return Ok(Vec::new());
@@ -143,7 +150,7 @@ impl GpuOps {
 
     /// Step 1: refuses while work runs (any GPU of the node in device-plugin mode, this
     /// GPU in DRA mode).
-    pub async fn ensure_idle(
+    pub(crate) async fn ensure_idle(
         &self,
         driver: &Driver,
         uuid: &str,
@@ -170,13 +177,13 @@ impl GpuOps {
     }
 
     /// DRA after attach: one nvidia-smi run makes the driver initialise the new GPU.
-    pub async fn initialise(&self, driver: &Driver) -> Result<(), NodeOpsError> {
+    pub(crate) async fn initialise(&self, driver: &Driver) -> Result<(), NodeOpsError> {
         self.run(driver, driver.smi(&[])).await.map(|_| ())
     }
 
     /// Steps 1 and 3–6 of the drain: every step may be repeated after a crash, and a GPU
     /// that is no longer listed counts as drained.
-    pub async fn drain(
+    pub(crate) async fn drain(
         &self,
         driver: &Driver,
         uuid: &str,
