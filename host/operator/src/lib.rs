@@ -9,7 +9,7 @@
 //! - [`nodeops`]: commands on nodes (driver discovery, the GPU drain sequence, DRA,
 //!   device-plugin restarts), reached only through [`nodeops::CommandRunner`].
 //! - [`source`]: fetching provider components (HTTPS, OCI, ConfigMap).
-//! - `provider`: the provider as the controllers see it ([`DeviceProvider`]; the host
+//! - [`provider`]: the provider as the controllers see it ([`DeviceProvider`]; the host
 //!   runtime's `Provider` implements it), its credentials, and the machine behind a node.
 //! - [`config`]: the operator's configuration, from flags and environment or built by
 //!   tests, and the Go operator's environment ([`compat`]).
@@ -38,12 +38,12 @@
 //!   [`compat::DEFAULT_FTI_COMPONENT`]).
 //! - Providers: [`DeviceProvider`], [`ProviderResult`], [`ProviderCallError`],
 //!   [`provider_spec`], [`check_loaded`], [`NodeMachine`], [`RememberingCluster`], and
-//!   [`source`] (fetching components).
+//!   [`source`] (fetching components); the first three also at [`provider`].
 //! - Nodes: [`nodeops`] ([`nodeops::CommandRunner`], [`nodeops::KubeExecRunner`],
 //!   [`nodeops::ExecOutput`], [`nodeops::PodRef`], [`nodeops::NodeOpsError`],
 //!   [`nodeops::ExposureMode`], [`nodeops::running_and_ready`]).
 //! - Leader election: [`LeaderElector`], [`LeaderElectionConfig`](config::LeaderElectionConfig),
-//!   [`leader`] ([`leader::acquire`], [`leader::Waiting`]).
+//!   [`leader`] ([`leader::acquire`], [`leader::Leadership`], [`leader::Waiting`]).
 //! - Names tests look for: [`VALIDATE_PATH`], [`VALIDATE_PROVIDER_PATH`],
 //!   [`INSUFFICIENT_NODES`], [`REQUEST_CONTROLLER`], [`ANNOTATION_ATTACH_ATTEMPT`].
 //!
