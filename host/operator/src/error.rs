@@ -1,13 +1,13 @@
 //! Errors of reconciliation (shown in `status.error` and Events) and of the operator
 //! process.
 
-use crate::allocation::AllocationError;
+use crate::decide::allocation::AllocationError;
 use crate::nodeops::NodeOpsError;
 use crate::provider::{Operation, ProviderCallError};
 
 /// Why one reconciliation did not finish. Its text is what users see in `status.error`.
 #[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
+pub(crate) enum ReconcileError {
     #[error("kubernetes API: {}", crate::text::kube_error(.0))]
     Kube(#[from] kube::Error),
     #[error(transparent)]
@@ -28,12 +28,12 @@ pub enum ReconcileError {
 }
 
 impl ReconcileError {
-    pub fn provider(op: Operation, source: ProviderCallError) -> Self {
+    pub(crate) fn provider(op: Operation, source: ProviderCallError) -> Self {
         ReconcileError::Provider { op, source }
     }
 
     /// A short label for metrics.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             ReconcileError::Kube(_) => "kube",
             ReconcileError::NodeOps(e) => match e {
@@ -53,7 +53,7 @@ impl ReconcileError {
     }
 
     /// Conflicts are retried at once and are not worth a user's attention.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         match self {
             ReconcileError::Conflict(_) => true,
             ReconcileError::Kube(kube::Error::Api(e)) => e.code == 409,

@@ -1,18 +1,51 @@
-//! The operator: decisions of docs/behaviour.md §3–§6 kept as plain functions over small views of the
-//! cluster, so they are tested without an API server; the controllers map Kubernetes
-//! objects onto these views and carry the decisions out.
+//! The operator: decisions of docs/behaviour.md §3–§6 kept as plain functions over small
+//! views of the cluster, so they are tested without an API server; the controllers map
+//! Kubernetes objects onto these views and carry the decisions out.
 //!
-//! - [`request`]: the ComposabilityRequest controller (allocation, creating and dropping
-//!   ComposableResources, mirroring their state, cleanup on deletion, node GC).
-//! - [`resource`]: the ComposableResource controller (attach, health checks, detach with
-//!   the drain sequence of [`nodeops`], node GC).
-//! - [`sync`]: devices the fabric holds that no resource claims (docs/behaviour.md §5).
-//! - [`webhook`]: the validating admission webhook (docs/behaviour.md §6) over TLS.
-//! - [`conditions`]: the Ready condition of both kinds, written after every reconciliation.
-//! - [`leader`], [`probes`], [`metrics`], [`config`]: plumbing; [`run()`] starts it all.
+//! The crate's folders, from the bottom up (each uses only those above it in this list,
+//! and the root's `text`, `metrics` and `error`):
 //!
-//! The provider is reached through [`provider::DeviceProvider`] (the host runtime's
-//! `Provider` implements it); nodes only through [`nodeops::CommandRunner`].
+//! - `decide`: the pure decisions (allocation, admission) and the views they work on.
+//! - [`nodeops`]: commands on nodes (driver discovery, the GPU drain sequence, DRA,
+//!   device-plugin restarts), reached only through [`nodeops::CommandRunner`].
+//! - [`source`]: fetching provider components (HTTPS, OCI, ConfigMap).
+//! - [`provider`]: the provider as the controllers see it ([`DeviceProvider`]; the host
+//!   runtime's `Provider` implements it), its credentials, and the machine behind a node.
+//! - [`config`]: the operator's configuration, from flags and environment or built by
+//!   tests, and the Go operator's environment ([`compat`]).
+//! - `registry`: the providers by node (one implicit provider, or the cluster's
+//!   `CdiProvider` objects), and loading one from a spec ([`provider_spec`]).
+//! - `plumbing`: the Kubernetes plumbing the controllers stand on: watch caches, writes,
+//!   the Ready condition, one reconciliation's bookkeeping, the shared context.
+//! - `controllers`: the ComposabilityRequest and ComposableResource controllers and the
+//!   upstream sync of devices no resource claims (docs/behaviour.md §5).
+//! - `serve`: beside the controllers, what serves clients: probes and `/metrics`, the
+//!   validating webhook (docs/behaviour.md §6) and its certificates.
+//! - `process`: the operator process: [`Operator`] and [`run()`], signals, leader
+//!   election.
+//!
+//! # Public API
+//!
+//! What other crates (the `cro` CLI, the benchmarks, the node simulator, the integration
+//! tests) use; everything else is `pub(crate)`.
+//!
+//! - Running: [`run()`], [`Operator`], [`Readiness`], [`OperatorError`], [`Metrics`].
+//! - Configuration: the [`config`] module ([`config::RunArgs`], [`config::OperatorConfig`],
+//!   [`config::ProviderSource`], [`config::Timings`], [`config::WebhookConfig`],
+//!   [`config::WebhookCerts`], [`config::CertPolicy`], [`config::SelfManagedCerts`],
+//!   [`config::LeaderElectionConfig`], [`config::DEFAULT_LEASE_NAME`]) and [`compat`]
+//!   ([`compat::fti_spec_from_env`], [`compat::CREDENTIALS_SECRET`],
+//!   [`compat::DEFAULT_FTI_COMPONENT`]).
+//! - Providers: [`DeviceProvider`], [`ProviderResult`], [`ProviderCallError`],
+//!   [`provider_spec`], [`check_loaded`], [`NodeMachine`], [`RememberingCluster`], and
+//!   [`source`] (fetching components); the first three also at [`provider`].
+//! - Nodes: [`nodeops`] ([`nodeops::CommandRunner`], [`nodeops::KubeExecRunner`],
+//!   [`nodeops::ExecOutput`], [`nodeops::PodRef`], [`nodeops::NodeOpsError`],
+//!   [`nodeops::ExposureMode`], [`nodeops::running_and_ready`]).
+//! - Leader election: [`LeaderElector`], [`LeaderElectionConfig`](config::LeaderElectionConfig),
+//!   [`leader`] ([`leader::acquire`], [`leader::Leadership`], [`leader::Waiting`]).
+//! - Names tests look for: [`VALIDATE_PATH`], [`VALIDATE_PROVIDER_PATH`],
+//!   [`INSUFFICIENT_NODES`], [`REQUEST_CONTROLLER`], [`ANNOTATION_ATTACH_ATTEMPT`].
 //!
 //! Permissions the operator needs (cluster-wide unless noted): ComposabilityRequests and
 //! ComposableResources (all verbs, and their `status`); Nodes (get, list, watch); Pods
@@ -22,40 +55,31 @@
 //! Leases in its namespace (get, create, update); the provider's granted Secret (get) and
 //! lookup kinds (get, list).
 
-pub mod admission;
-pub mod allocation;
-pub mod cache;
-pub mod certs;
-pub mod compat;
-pub mod conditions;
 pub mod config;
-pub mod context;
-pub mod credentials;
-pub mod error;
-pub mod leader;
-pub mod metrics;
-pub mod metrics_auth;
-pub mod node_machine;
+mod controllers;
+mod decide;
+mod error;
+mod metrics;
 pub mod nodeops;
-pub mod patch;
-pub mod probes;
+mod plumbing;
+mod process;
 pub mod provider;
-pub mod quantity;
-pub mod reconcile;
-pub mod registry;
-pub mod request;
-pub mod resource;
-pub mod run;
-pub mod serve;
+mod registry;
+mod serve;
 pub mod source;
-pub mod startup;
-pub mod sync;
-pub mod text;
-pub mod triggers;
-pub mod views;
-pub mod webhook;
+mod text;
 
-pub use config::{OperatorConfig, RunArgs};
-pub use error::{OperatorError, ReconcileError};
-pub use provider::{DeviceProvider, ProviderCallError};
-pub use run::{Operator, run};
+pub use config::compat;
+pub use controllers::request::CONTROLLER as REQUEST_CONTROLLER;
+pub use controllers::resource::ANNOTATION_ATTACH_ATTEMPT;
+pub use decide::allocation::INSUFFICIENT_NODES;
+pub use error::OperatorError;
+pub use metrics::Metrics;
+pub use process::leader::{self, LeaderElector};
+pub use process::run::{Operator, run};
+pub use provider::node_machine::{NodeMachine, RememberingCluster};
+pub use provider::{DeviceProvider, ProviderCallError, ProviderResult};
+pub use registry::spec::provider_spec;
+pub use registry::startup::check_loaded;
+pub use serve::probes::Readiness;
+pub use serve::webhook::{VALIDATE_PATH, VALIDATE_PROVIDER_PATH};

@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -138,6 +138,13 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 19))
 }
 
+/// Registers `metric` and hands back the handle the operator updates (a clone shares
+/// the values).
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoutedLabels {
     provider: String,
@@ -202,91 +209,80 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("cro");
-        let reconciles = Family::<ControllerLabels, Counter>::default();
-        registry.register(
-            "reconciles",
-            "Reconciliations by controller and outcome (ok, error)",
-            reconciles.clone(),
-        );
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciliations by controller and error kind",
-            reconcile_errors.clone(),
-        );
-        let reconcile_duration: Histograms<ControllerOnly> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time spent in one reconciliation",
-            reconcile_duration.clone(),
-        );
-        let provider_calls = Family::<ProviderLabels, Counter>::default();
-        registry.register(
-            "provider_calls",
-            "Provider calls by operation and outcome (ok, in_progress, or the error kind)",
-            provider_calls.clone(),
-        );
-        let provider_duration: Histograms<OperationLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "provider_call_duration_seconds",
-            "Latency of provider calls by operation",
-            provider_duration.clone(),
-        );
-        let admission_reviews = Family::<AdmissionLabels, Counter>::default();
-        registry.register(
-            "admission_reviews",
-            "ComposabilityRequest admission reviews by outcome (allowed, denied, invalid)",
-            admission_reviews.clone(),
-        );
-        let admission_denials = Family::<DenialLabels, Counter>::default();
-        registry.register(
-            "admission_denials",
-            "ComposabilityRequests refused by the webhook, by rule",
-            admission_denials.clone(),
-        );
-        let orphans_tracked = Gauge::default();
-        registry.register(
-            "orphan_devices",
-            "Devices the fabric reports that no ComposableResource holds",
-            orphans_tracked.clone(),
-        );
-        let orphans_released = Counter::default();
-        registry.register(
-            "orphan_devices_released",
-            "Ready-to-detach ComposableResources created for orphaned devices",
-            orphans_released.clone(),
-        );
-        let attach_adoptions = Counter::default();
-        registry.register(
-            "attach_adoptions",
-            "Devices adopted by an attach whose earlier reply was lost, instead of asking the fabric again",
-            attach_adoptions.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this instance holds the leader Lease",
-            leader.clone(),
-        );
+        let r = &mut registry;
+        // Registered (and so listed at /metrics) in the order written here.
         Self {
+            reconciles: registered(
+                r,
+                "reconciles",
+                "Reconciliations by controller and outcome (ok, error)",
+                Family::<ControllerLabels, Counter>::default(),
+            ),
+            reconcile_errors: registered(
+                r,
+                "reconcile_errors",
+                "Failed reconciliations by controller and error kind",
+                Family::<ErrorLabels, Counter>::default(),
+            ),
+            reconcile_duration: registered(
+                r,
+                "reconcile_duration_seconds",
+                "Time spent in one reconciliation",
+                Family::new_with_constructor(latency_histogram),
+            ),
+            provider_calls: registered(
+                r,
+                "provider_calls",
+                "Provider calls by operation and outcome (ok, in_progress, or the error kind)",
+                Family::<ProviderLabels, Counter>::default(),
+            ),
+            provider_duration: registered(
+                r,
+                "provider_call_duration_seconds",
+                "Latency of provider calls by operation",
+                Family::new_with_constructor(latency_histogram),
+            ),
+            admission_reviews: registered(
+                r,
+                "admission_reviews",
+                "ComposabilityRequest admission reviews by outcome (allowed, denied, invalid)",
+                Family::<AdmissionLabels, Counter>::default(),
+            ),
+            admission_denials: registered(
+                r,
+                "admission_denials",
+                "ComposabilityRequests refused by the webhook, by rule",
+                Family::<DenialLabels, Counter>::default(),
+            ),
+            orphans_tracked: registered(
+                r,
+                "orphan_devices",
+                "Devices the fabric reports that no ComposableResource holds",
+                Gauge::default(),
+            ),
+            orphans_released: registered(
+                r,
+                "orphan_devices_released",
+                "Ready-to-detach ComposableResources created for orphaned devices",
+                Counter::default(),
+            ),
+            attach_adoptions: registered(
+                r,
+                "attach_adoptions",
+                "Devices adopted by an attach whose earlier reply was lost, instead of asking the fabric again",
+                Counter::default(),
+            ),
+            leader: registered(
+                r,
+                "leader",
+                "1 while this instance holds the leader Lease",
+                Gauge::default(),
+            ),
             registry: Mutex::new(registry),
-            reconciles,
-            reconcile_errors,
-            reconcile_duration,
-            provider_calls,
-            provider_duration,
-            admission_reviews,
-            admission_denials,
-            orphans_tracked,
-            orphans_released,
-            attach_adoptions,
-            leader,
         }
     }
 
-    pub fn reconciled(&self, controller: &str, error_kind: Option<&str>, took: Duration) {
+    pub(crate) fn reconciled(&self, controller: &str, error_kind: Option<&str>, took: Duration) {
         let outcome = if error_kind.is_some() { "error" } else { "ok" };
         self.reconciles
             .get_or_create(&ControllerLabels {
@@ -309,7 +305,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn provider_call(&self, operation: &str, outcome: &str, took: Duration) {
+    pub(crate) fn provider_call(&self, operation: &str, outcome: &str, took: Duration) {
         self.provider_calls
             .get_or_create(&ProviderLabels {
                 operation: operation.into(),
@@ -323,7 +319,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn admission(&self, outcome: &str, denial_reason: Option<&str>) {
+    pub(crate) fn admission(&self, outcome: &str, denial_reason: Option<&str>) {
         self.admission_reviews
             .get_or_create(&AdmissionLabels {
                 outcome: outcome.into(),
@@ -338,25 +334,28 @@ impl Metrics {
         }
     }
 
-    pub fn set_orphans(&self, n: usize) {
+    pub(crate) fn set_orphans(&self, n: usize) {
         self.orphans_tracked
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    pub fn orphan_released(&self) {
+    pub(crate) fn orphan_released(&self) {
         self.orphans_released.inc();
     }
 
-    pub fn attach_adopted(&self) {
+    pub(crate) fn attach_adopted(&self) {
         self.attach_adoptions.inc();
     }
 
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
     }
 
     /// Exports the capability denials `source` counts (the provider's gate).
-    pub fn watch_denials(&self, source: impl Fn() -> Option<DenialCounts> + Send + Sync + 'static) {
+    pub(crate) fn watch_denials(
+        &self,
+        source: impl Fn() -> Option<DenialCounts> + Send + Sync + 'static,
+    ) {
         self.registry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -365,7 +364,7 @@ impl Metrics {
 
     /// Exports `cro_provider_budget_exceeded_total{provider,budget}` from `source` (the
     /// runtime's per-provider budget counters).
-    pub fn watch_budgets(
+    pub(crate) fn watch_budgets(
         &self,
         source: impl Fn() -> Option<(String, Vec<(&'static str, u64)>)> + Send + Sync + 'static,
     ) {
@@ -376,7 +375,7 @@ impl Metrics {
     }
 
     /// Exports `cro_provider_routed_calls_total{provider,outcome}` from `source`.
-    pub fn watch_routed_calls(
+    pub(crate) fn watch_routed_calls(
         &self,
         source: impl Fn() -> Vec<(String, u64, u64)> + Send + Sync + 'static,
     ) {
@@ -388,7 +387,7 @@ impl Metrics {
 
     /// Exports how many warnings the provider logged (`source` reads its count), e.g. a
     /// node the FTI provider left out of a device listing (docs/fti-fabric-api.md).
-    pub fn watch_provider_warnings(
+    pub(crate) fn watch_provider_warnings(
         &self,
         source: impl Fn() -> Option<u64> + Send + Sync + 'static,
     ) {

@@ -2,7 +2,7 @@
 //! or an event can hold, without splitting a UTF-8 character.
 
 /// The first `max` characters of `text`, or all of it.
-pub fn clip(text: &str, max: usize) -> &str {
+pub(crate) fn clip(text: &str, max: usize) -> &str {
     match text.char_indices().nth(max) {
         Some((end, _)) => &text[..end],
         None => text,
@@ -12,7 +12,7 @@ pub fn clip(text: &str, max: usize) -> &str {
 /// A Kubernetes client error in words. kube's own text of an API error repeats the
 /// whole response as a Rust `Debug` dump; people reading logs and `status.error` need
 /// the API server's message, the HTTP code and the reason.
-pub fn kube_error(e: &kube::Error) -> String {
+pub(crate) fn kube_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) => {
             let mut text = if status.message.is_empty() {

@@ -394,7 +394,7 @@ async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
             .iter()
             .all(|r| {
                 !r.annotations()
-                    .contains_key(cro_operator::resource::ANNOTATION_ATTACH_ATTEMPT)
+                    .contains_key(cro_operator::ANNOTATION_ATTACH_ATTEMPT)
             })
             .then_some(())
     })

@@ -188,7 +188,7 @@ async fn a_driver_pod_shown_ready_runs_commands_at_once() {
             .expect("the pod watch ended")
             .expect("the pod watch failed");
         // Ready as the operator's driver lookup reads it.
-        let ready = cro_operator::nodeops::driver::running_and_ready(&pod);
+        let ready = cro_operator::nodeops::running_and_ready(&pod);
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
         if !ready || checked.contains(&node) {
             continue;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
 use cro_api::{AllocationPolicy, NodeSpec, RequestState};
-use cro_operator::allocation::INSUFFICIENT_NODES;
+use cro_operator::INSUFFICIENT_NODES;
 use kube::api::ListParams;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +232,7 @@ async fn reconciles_read_watch_caches_instead_of_listing_every_object() {
     .await;
     let c = counts.lock().unwrap().clone();
     let metrics = env.metrics.as_ref().unwrap().encode();
-    let request_reconciles = reconciles(&metrics, cro_operator::request::CONTROLLER);
+    let request_reconciles = reconciles(&metrics, cro_operator::REQUEST_CONTROLLER);
     eprintln!(
         "LIST calls by the operator for {N} requests, up and down, over {request_reconciles} request reconciles: {c:?}"
     );
@@ -312,14 +312,14 @@ async fn an_attach_writes_its_resource_annotations_twice() {
         let name = res.metadata.name.clone().unwrap();
         // Both records were written: the machine record names the fabric's machine, the
         // attempt record is gone.
-        let record = cro_operator::node_machine::NodeMachine::of_resource(res)
+        let record = cro_operator::NodeMachine::of_resource(res)
             .unwrap_or_else(|| panic!("{name} has no machine record"));
         assert!(record.fabric_machine.is_some(), "{name}: {record:?}");
         assert!(
             !res.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.contains_key(cro_operator::resource::ANNOTATION_ATTACH_ATTEMPT)),
+                .is_some_and(|a| a.contains_key(cro_operator::ANNOTATION_ATTACH_ATTEMPT)),
             "{name} still has its attempt record"
         );
         assert_eq!(

@@ -9,8 +9,8 @@ use common::{CONVERGE, Env, MODEL, eventually, gpu};
 use cro_api::{
     AllocationPolicy, ComposabilityRequest, ComposabilityRequestSpec, ScalarResourceDetails,
 };
+use cro_operator::VALIDATE_PATH;
 use cro_operator::config::{WebhookCerts, WebhookConfig};
-use cro_operator::webhook::VALIDATE_PATH;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -296,7 +296,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 /// operator's own kinds of writes (finalizers, status) still pass; spec changes do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_managed_certificates_rotate_while_the_webhook_answers() {
-    use cro_operator::certs::{CertPolicy, SelfManagedCerts};
+    use cro_operator::config::{CertPolicy, SelfManagedCerts};
     use k8s_openapi::api::core::v1::Secret;
 
     let mut env = Env::start().await;
@@ -538,7 +538,7 @@ async fn typos_in_target_node_and_kind_changes_are_refused_at_admission() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_providers_a_second_default_and_unserved_nodes_are_refused() {
     use cro_api::CdiProvider;
-    use cro_operator::webhook::VALIDATE_PROVIDER_PATH;
+    use cro_operator::VALIDATE_PROVIDER_PATH;
 
     let mut env = Env::start().await;
     env.add_node("worker-1", "16").await;

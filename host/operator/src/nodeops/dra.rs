@@ -4,31 +4,32 @@
 //! v1beta1 → v1; DeviceTaintRule: v1alpha3 behind a feature gate → v1beta2 → v1), so the
 //! version is discovered from the API server and objects are handled as JSON.
 
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-};
+#[cfg(test)]
+use kube::api::GroupVersionKind;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{ApiGroup, Discovery};
 use serde_json::{Value, json};
 
 use super::NodeOpsError;
 
-pub const DRA_DRIVER: &str = "dra-driver-nvidia-gpu";
-pub const TAINT_KEY: &str = "k8s.io/device-uuid";
+#[cfg(test)]
+pub(crate) const DRA_DRIVER: &str = "dra-driver-nvidia-gpu";
+pub(crate) const TAINT_KEY: &str = "k8s.io/device-uuid";
 const GROUP: &str = "resource.k8s.io";
 const SLICE_VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1beta1"];
 const TAINT_RULE_VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1alpha3"];
 
 /// Where a device sits in the slices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceDevice {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
+pub(crate) struct SliceDevice {
+    pub(crate) driver: String,
+    pub(crate) pool: String,
+    pub(crate) device: String,
 }
 
 /// The served versions of the two DRA kinds, found once.
 #[derive(Debug, Clone)]
-pub struct DraApis {
+pub(crate) struct DraApis {
     slices: Option<ApiResource>,
     taint_rules: Option<ApiResource>,
 }
@@ -45,7 +46,7 @@ fn pick(group: Option<&ApiGroup>, kind: &str, versions: &[&str]) -> Option<ApiRe
 }
 
 impl DraApis {
-    pub async fn discover(client: &kube::Client) -> Result<Self, NodeOpsError> {
+    pub(crate) async fn discover(client: &kube::Client) -> Result<Self, NodeOpsError> {
         let discovery = Discovery::new(client.clone())
             .filter(&[GROUP])
             .run()
@@ -58,7 +59,8 @@ impl DraApis {
     }
 
     /// For tests and clusters where discovery is known: a fixed version of each kind.
-    pub fn fixed(slice_version: Option<&str>, taint_version: Option<&str>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn fixed(slice_version: Option<&str>, taint_version: Option<&str>) -> Self {
         let ar = |v: &str, kind: &str, plural: &str| {
             ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, v, kind), plural)
         };
@@ -83,7 +85,7 @@ impl DraApis {
     }
 
     /// The slice device whose `uuid` attribute is `uuid`, if any slice lists it.
-    pub async fn find_device(
+    pub(crate) async fn find_device(
         &self,
         client: &kube::Client,
         uuid: &str,
@@ -97,7 +99,7 @@ impl DraApis {
     }
 
     /// Creates `<resource>-taint` (NoSchedule) for the device; an existing one is kept.
-    pub async fn taint(
+    pub(crate) async fn taint(
         &self,
         client: &kube::Client,
         resource_name: &str,
@@ -119,7 +121,7 @@ impl DraApis {
     }
 
     /// Deletes the taint rule; a missing rule (or a missing API) is already done.
-    pub async fn untaint(
+    pub(crate) async fn untaint(
         &self,
         client: &kube::Client,
         resource_name: &str,
@@ -139,13 +141,13 @@ impl DraApis {
     }
 }
 
-pub fn taint_rule_name(resource_name: &str) -> String {
+pub(crate) fn taint_rule_name(resource_name: &str) -> String {
     format!("{resource_name}-taint")
 }
 
 /// Finds `uuid` among a slice's devices. v1 and v1beta2 keep attributes on the device;
 /// v1beta1 keeps them under `basic`.
-pub fn device_in_slice(slice: &Value, uuid: &str) -> Option<SliceDevice> {
+pub(crate) fn device_in_slice(slice: &Value, uuid: &str) -> Option<SliceDevice> {
     let spec = slice.get("spec")?;
     let driver = spec.get("driver")?.as_str()?;
     let pool = spec.pointer("/pool/name")?.as_str()?;

@@ -7,20 +7,20 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
 use super::{CommandRunner, NodeOpsError, PodRef};
 
-pub const DRIVER_POD_LABEL: &str = "app.kubernetes.io/component=nvidia-driver";
+pub(crate) const DRIVER_POD_LABEL: &str = "app.kubernetes.io/component=nvidia-driver";
 /// The node agent for host drivers: a DaemonSet of this name in the operator's
 /// namespace, whose pods carry [`AGENT_POD_LABEL`] and names starting with its name.
-pub const AGENT_DAEMONSET: &str = "cro-node-agent";
-pub const AGENT_POD_LABEL: &str = "app=cro-node-agent";
+pub(crate) const AGENT_DAEMONSET: &str = "cro-node-agent";
+pub(crate) const AGENT_POD_LABEL: &str = "app=cro-node-agent";
 /// The host's driver root as the container driver mounts it.
 const CONTAINER_DRIVER_ROOT: &str = "/run/nvidia/driver";
 /// The host's root as the node agent mounts it.
-pub const AGENT_HOST_ROOT: &str = "/host-root";
+pub(crate) const AGENT_HOST_ROOT: &str = "/host-root";
 /// Where a chroot binary may live in a driver image; the first one present is used.
 const CHROOT_CANDIDATES: &str = "/usr/sbin/chroot /usr/bin/chroot /sbin/chroot /bin/chroot";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DriverSetup {
+pub(crate) enum DriverSetup {
     /// The GPU operator's driver container.
     Container,
     /// A driver installed on the host, reached through the node agent.
@@ -29,14 +29,14 @@ pub enum DriverSetup {
 
 /// A node's driver and the pod commands run in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Driver {
-    pub setup: DriverSetup,
-    pub pod: PodRef,
+pub(crate) struct Driver {
+    pub(crate) setup: DriverSetup,
+    pub(crate) pod: PodRef,
 }
 
 /// What [`discover`] found on a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Discovery {
+pub(crate) enum Discovery {
     /// A driver commands can run in now.
     Ready(Driver),
     /// The GPU operator manages the driver, but its pod on this node does not exist yet
@@ -47,7 +47,8 @@ pub enum Discovery {
 
 impl Discovery {
     /// The driver, or the "still installing" error for a pending one.
-    pub fn ready(self, node: &str) -> Result<Driver, NodeOpsError> {
+    #[cfg(test)]
+    pub(crate) fn ready(self, node: &str) -> Result<Driver, NodeOpsError> {
         match self {
             Discovery::Ready(d) => Ok(d),
             Discovery::ContainerPending { pod } => Err(NodeOpsError::DriverInstalling {
@@ -60,14 +61,14 @@ impl Discovery {
 
 impl Driver {
     /// `nvidia-smi <args>` where the driver's tools are.
-    pub fn smi(&self, args: &[&str]) -> Vec<String> {
+    pub(crate) fn smi(&self, args: &[&str]) -> Vec<String> {
         self.tool("nvidia-smi", args)
     }
 
     /// `<program> <args>` run with the host's view: in the host root for a host driver,
     /// in the driver root of the driver container otherwise. Only plain words (no shell
     /// quoting is applied for the container's wrapper).
-    pub fn host_cmd(&self, program: &str, args: &[&str]) -> Vec<String> {
+    pub(crate) fn host_cmd(&self, program: &str, args: &[&str]) -> Vec<String> {
         match self.setup {
             DriverSetup::Host => self.tool(program, args),
             DriverSetup::Container => {
@@ -92,7 +93,7 @@ impl Driver {
     }
 
     /// A shell script run with the host's view of devices, processes and sysfs.
-    pub fn host_sh(&self, script: &str) -> Vec<String> {
+    pub(crate) fn host_sh(&self, script: &str) -> Vec<String> {
         match self.setup {
             DriverSetup::Host => vec![
                 "chroot".into(),
@@ -117,7 +118,7 @@ impl Driver {
     }
 
     /// A shell script run in the pod itself (the driver container's own processes).
-    pub fn pod_sh(&self, script: &str) -> Vec<String> {
+    pub(crate) fn pod_sh(&self, script: &str) -> Vec<String> {
         vec!["sh".into(), "-c".into(), script.into()]
     }
 }
@@ -214,7 +215,7 @@ async fn agent_pod(
 /// node's driver pods from a watch cache, if it has them; a Ready one there is taken as
 /// is, anything else is read again from the API server (the cache may lag behind the
 /// change that woke the caller).
-pub async fn discover(
+pub(crate) async fn discover(
     client: &kube::Client,
     runner: &dyn CommandRunner,
     node: &str,

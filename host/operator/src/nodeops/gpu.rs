@@ -17,7 +17,7 @@ pub enum ExposureMode {
 
 impl ExposureMode {
     /// The `DEVICE_RESOURCE_TYPE` value that selects it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ExposureMode::DevicePlugin => "DEVICE_PLUGIN",
             ExposureMode::Dra => "DRA",
@@ -26,9 +26,9 @@ impl ExposureMode {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct DrainOptions {
-    pub mode: ExposureMode,
-    pub force: bool,
+pub(crate) struct DrainOptions {
+    pub(crate) mode: ExposureMode,
+    pub(crate) force: bool,
 }
 
 const QUERY_GPUS: &[&str] = &[
@@ -43,22 +43,22 @@ const NO_DEVICES: &str = "No devices were found";
 /// The kernel modules unloaded after a host driver's last GPU is gone. Never `nvidia`
 /// or `nvidia_modeset`: the next attach needs them, and unloading them fails while
 /// nvidia-persistenced runs.
-pub const UNLOADED_AFTER_LAST_GPU: [&str; 2] = ["nvidia_drm", "nvidia_uvm"];
+pub(crate) const UNLOADED_AFTER_LAST_GPU: [&str; 2] = ["nvidia_drm", "nvidia_uvm"];
 /// Stops the driver container's nvidia-persistenced through its pid file. Linux keeps
 /// only 15 characters of a process name (`nvidia-persiste`), so matching the name
 /// `nvidia-persistenced` (as `pkill -x` would) never finds it; the name check guards
 /// against a stale pid file whose pid now belongs to another process.
-pub const STOP_PERSISTENCED: &str = "pid=$(cat /var/run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null) || exit 0; [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = nvidia-persiste ] && kill $pid; exit 0";
+pub(crate) const STOP_PERSISTENCED: &str = "pid=$(cat /var/run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null) || exit 0; [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = nvidia-persiste ] && kill $pid; exit 0";
 /// Prints each GPU's proc information file, separated, for hosts whose nvidia-smi fails.
 const PROC_INFORMATION: &str = "for f in /proc/driver/nvidia/gpus/*/information; do [ -f \"$f\" ] && cat \"$f\" && echo '%%'; done; true";
 
 #[derive(Clone)]
-pub struct GpuOps {
+pub(crate) struct GpuOps {
     runner: Arc<dyn CommandRunner>,
 }
 
 impl GpuOps {
-    pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
+    pub(crate) fn new(runner: Arc<dyn CommandRunner>) -> Self {
         Self { runner }
     }
 
@@ -92,7 +92,7 @@ impl GpuOps {
 
     /// The node's GPUs. `No devices were found` is an empty list, not an error; a host
     /// driver whose nvidia-smi fails is read from its proc files instead.
-    pub async fn list_gpus(&self, driver: &Driver) -> Result<Vec<Gpu>, NodeOpsError> {
+    pub(crate) async fn list_gpus(&self, driver: &Driver) -> Result<Vec<Gpu>, NodeOpsError> {
         let out = self.run(driver, driver.smi(QUERY_GPUS)).await?;
         if out.stdout.contains(NO_DEVICES) {
             return Ok(Vec::new());
@@ -121,11 +121,18 @@ impl GpuOps {
         })
     }
 
-    pub async fn is_listed(&self, driver: &Driver, uuid: &str) -> Result<bool, NodeOpsError> {
+    pub(crate) async fn is_listed(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+    ) -> Result<bool, NodeOpsError> {
         Ok(self.list_gpus(driver).await?.iter().any(|g| g.uuid == uuid))
     }
 
-    pub async fn compute_apps(&self, driver: &Driver) -> Result<Vec<ComputeApp>, NodeOpsError> {
+    pub(crate) async fn compute_apps(
+        &self,
+        driver: &Driver,
+    ) -> Result<Vec<ComputeApp>, NodeOpsError> {
         let out = self.run(driver, driver.smi(QUERY_APPS)).await?;
         if out.stdout.contains(NO_DEVICES) {
             return Ok(Vec::new());
@@ -143,7 +150,7 @@ impl GpuOps {
 
     /// Step 1: refuses while work runs (any GPU of the node in device-plugin mode, this
     /// GPU in DRA mode).
-    pub async fn ensure_idle(
+    pub(crate) async fn ensure_idle(
         &self,
         driver: &Driver,
         uuid: &str,
@@ -170,13 +177,13 @@ impl GpuOps {
     }
 
     /// DRA after attach: one nvidia-smi run makes the driver initialise the new GPU.
-    pub async fn initialise(&self, driver: &Driver) -> Result<(), NodeOpsError> {
+    pub(crate) async fn initialise(&self, driver: &Driver) -> Result<(), NodeOpsError> {
         self.run(driver, driver.smi(&[])).await.map(|_| ())
     }
 
     /// Steps 1 and 3–6 of the drain: every step may be repeated after a crash, and a GPU
     /// that is no longer listed counts as drained.
-    pub async fn drain(
+    pub(crate) async fn drain(
         &self,
         driver: &Driver,
         uuid: &str,
@@ -191,26 +198,8 @@ impl GpuOps {
             return Ok(());
         };
         let bus = drain_bus_arg(gpu.bus_id, opts.mode);
-        let node = &driver.pod.node;
 
-        let query_cmd = driver.smi(&["drain", "-p", &bus, "-q"]);
-        let state = if opts.mode == ExposureMode::DevicePlugin {
-            // The Go operator never asked in device-plugin mode: a query that fails or an
-            // answer this nvidia-smi words differently is no reason to stop there.
-            let out = self.run(driver, query_cmd).await?;
-            match smi::parse_drain_state(&out.stdout) {
-                Ok(state) if out.exit_code == 0 => state,
-                parsed => {
-                    tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
-                        output = %first_words(&out.stdout), error = ?parsed.err(),
-                        "unrecognised drain state; going on as not draining");
-                    DrainState::NotDraining
-                }
-            }
-        } else {
-            let out = self.run_ok(driver, query_cmd).await?;
-            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))?
-        };
+        let state = self.drain_state(driver, uuid, &bus, opts.mode).await?;
         if state == DrainState::NotDraining {
             self.run_ok(driver, driver.smi(&["-i", uuid, "-pm", "0"]))
                 .await?;
@@ -220,19 +209,7 @@ impl GpuOps {
                     .await?;
             }
         }
-
-        let holders = self
-            .run_ok(driver, driver.host_sh(&holders_script(gpu.minor)))
-            .await?;
-        let holders = holders.stdout.trim();
-        if !holders.is_empty() {
-            return Err(NodeOpsError::DeviceHeld {
-                node: node.clone(),
-                minor: gpu.minor,
-                processes: holders.lines().collect::<Vec<_>>().join(", "),
-            });
-        }
-
+        self.ensure_unheld(driver, gpu).await?;
         if opts.mode == ExposureMode::Dra {
             self.run_ok(
                 driver,
@@ -244,13 +221,70 @@ impl GpuOps {
             self.run_ok(driver, driver.smi(&["drain", "-p", &bus, "-m", "1"]))
                 .await?;
         }
+        let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
+        self.remove_from_node(driver, gpu, &bus, last_on_host, opts.mode)
+            .await
+    }
 
+    /// Whether the GPU is draining already (a drain repeated after a crash).
+    async fn drain_state(
+        &self,
+        driver: &Driver,
+        uuid: &str,
+        bus: &str,
+        mode: ExposureMode,
+    ) -> Result<DrainState, NodeOpsError> {
+        let query_cmd = driver.smi(&["drain", "-p", bus, "-q"]);
+        if mode == ExposureMode::DevicePlugin {
+            // The Go operator never asked in device-plugin mode: a query that fails or an
+            // answer this nvidia-smi words differently is no reason to stop there.
+            let out = self.run(driver, query_cmd).await?;
+            Ok(match smi::parse_drain_state(&out.stdout) {
+                Ok(state) if out.exit_code == 0 => state,
+                parsed => {
+                    tracing::warn!(node = %driver.pod.node, gpu = uuid, code = out.exit_code,
+                        output = %first_words(&out.stdout), error = ?parsed.err(),
+                        "unrecognised drain state; going on as not draining");
+                    DrainState::NotDraining
+                }
+            })
+        } else {
+            let out = self.run_ok(driver, query_cmd).await?;
+            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))
+        }
+    }
+
+    /// Refuses while a process on the host still has the GPU's device file open.
+    async fn ensure_unheld(&self, driver: &Driver, gpu: &Gpu) -> Result<(), NodeOpsError> {
+        let holders = self
+            .run_ok(driver, driver.host_sh(&holders_script(gpu.minor)))
+            .await?;
+        let holders = holders.stdout.trim();
+        if !holders.is_empty() {
+            return Err(NodeOpsError::DeviceHeld {
+                node: driver.pod.node.clone(),
+                minor: gpu.minor,
+                processes: holders.lines().collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the GPU off the PCI bus (on a VM, or the host driver's last GPU, with the
+    /// modules unloaded first) or resets it.
+    async fn remove_from_node(
+        &self,
+        driver: &Driver,
+        gpu: &Gpu,
+        bus: &str,
+        last_on_host: bool,
+        mode: ExposureMode,
+    ) -> Result<(), NodeOpsError> {
         let on_vm = self
             .run(driver, driver.host_sh("grep -q hypervisor /proc/cpuinfo"))
             .await?
             .exit_code
             == 0;
-        let last_on_host = driver.setup == DriverSetup::Host && gpus.len() == 1;
         if last_on_host {
             self.unload_after_last_gpu(driver).await?;
         }
@@ -258,26 +292,26 @@ impl GpuOps {
             let sysfs = gpu.bus_id.sysfs();
             self.run_ok(driver, driver.host_sh(&sysfs_remove_script(&sysfs)))
                 .await?;
-        } else {
-            let reset = driver.smi(&["drain", "-p", &bus, "-r"]);
-            let out = self.run(driver, reset.clone()).await?;
-            if out.exit_code != 0 {
-                if opts.mode != ExposureMode::DevicePlugin {
-                    return Err(NodeOpsError::CommandFailed {
-                        pod: driver.pod.to_string(),
-                        command: reset.join(" "),
-                        code: out.exit_code,
-                        stderr: first_words(if out.stderr.trim().is_empty() {
-                            &out.stdout
-                        } else {
-                            &out.stderr
-                        }),
-                    });
-                }
-                // As in the Go operator: the fabric's detach takes the GPU away anyway.
-                tracing::warn!(node = %node, gpu = uuid, code = out.exit_code,
-                    stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
+            return Ok(());
+        }
+        let reset = driver.smi(&["drain", "-p", bus, "-r"]);
+        let out = self.run(driver, reset.clone()).await?;
+        if out.exit_code != 0 {
+            if mode != ExposureMode::DevicePlugin {
+                return Err(NodeOpsError::CommandFailed {
+                    pod: driver.pod.to_string(),
+                    command: reset.join(" "),
+                    code: out.exit_code,
+                    stderr: first_words(if out.stderr.trim().is_empty() {
+                        &out.stdout
+                    } else {
+                        &out.stderr
+                    }),
+                });
             }
+            // As in the Go operator: the fabric's detach takes the GPU away anyway.
+            tracing::warn!(node = %driver.pod.node, gpu = gpu.uuid.as_str(), code = out.exit_code,
+                stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
         }
         Ok(())
     }

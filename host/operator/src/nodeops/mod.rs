@@ -5,17 +5,20 @@
 //! (the test API server has no kubelets to exec into); discovery, parsing and the drain
 //! order stay real.
 
-pub mod dra;
-pub mod driver;
-pub mod plugins;
-pub mod runner;
-pub mod smi;
+pub(crate) mod dra;
+pub(crate) mod driver;
+pub(crate) mod plugins;
+pub(crate) mod runner;
+pub(crate) mod smi;
 
 mod gpu;
 
-pub use driver::{Discovery, Driver, DriverSetup};
-pub use gpu::{DrainOptions, ExposureMode, GpuOps};
+pub use driver::running_and_ready;
+pub(crate) use driver::{Discovery, Driver};
+pub use gpu::ExposureMode;
+pub(crate) use gpu::{DrainOptions, GpuOps};
 pub use runner::{CommandRunner, ExecOutput, KubeExecRunner, PodRef};
+pub use smi::SmiError;
 
 /// Errors of node operations. Several are expected states ("still installing", "busy")
 /// that the controller reports and retries.

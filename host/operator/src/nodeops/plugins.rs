@@ -8,11 +8,12 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
 use super::NodeOpsError;
 
-pub const DEFAULT_GPU_OPERATOR_NAMESPACE: &str = "gpu-operator";
-pub const DEVICE_PLUGIN_DAEMONSETS: [&str; 2] = ["nvidia-device-plugin-daemonset", "nvidia-dcgm"];
-pub const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
+pub(crate) const DEFAULT_GPU_OPERATOR_NAMESPACE: &str = "gpu-operator";
+pub(crate) const DEVICE_PLUGIN_DAEMONSETS: [&str; 2] =
+    ["nvidia-device-plugin-daemonset", "nvidia-dcgm"];
+pub(crate) const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
 /// Names of the DRA kubelet plugin's pods: the charts of the v0.2.0 era, and later ones.
-pub const DRA_PLUGIN_POD_PREFIXES: [&str; 2] = [
+pub(crate) const DRA_PLUGIN_POD_PREFIXES: [&str; 2] = [
     "nvidia-dra-driver-gpu-kubelet-plugin",
     "dra-driver-nvidia-gpu-kubelet-plugin",
 ];
@@ -23,14 +24,14 @@ const MIN_PLUGIN_POD_AGE_SECS: i64 = 10;
 const MIN_RESTART_INTERVAL_SECS: i64 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestartDecision {
+pub(crate) enum RestartDecision {
     Restart,
     Skip(&'static str),
 }
 
 /// Whether a daemonset may be restarted now (docs/node-operations.md: skipped with 0
 /// desired pods, when not fully ready, or restarted less than 10 s ago).
-pub fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
+pub(crate) fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
     let Some(status) = &ds.status else {
         return RestartDecision::Skip("no status yet");
     };
@@ -63,7 +64,7 @@ pub fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
 
 /// Restarts the device plugin and DCGM daemonsets where allowed; a missing one is
 /// skipped (DCGM is optional).
-pub async fn restart_device_plugins(
+pub(crate) async fn restart_device_plugins(
     client: &kube::Client,
     namespace: &str,
 ) -> Result<Vec<String>, NodeOpsError> {
@@ -91,7 +92,7 @@ pub async fn restart_device_plugins(
 }
 
 /// Whether a pod is one of the DRA kubelet plugin's, by either naming.
-pub fn is_dra_plugin_pod(name: &str) -> bool {
+pub(crate) fn is_dra_plugin_pod(name: &str) -> bool {
     DRA_PLUGIN_POD_PREFIXES.iter().any(|p| {
         name.strip_prefix(p)
             .is_some_and(|rest| rest.starts_with('-'))
@@ -99,7 +100,7 @@ pub fn is_dra_plugin_pod(name: &str) -> bool {
 }
 
 /// Whether the DRA kubelet plugin pod `pod` may be deleted (restarted) now.
-pub fn plugin_restart_decision(pod: &Pod, now: DateTime<Utc>) -> RestartDecision {
+pub(crate) fn plugin_restart_decision(pod: &Pod, now: DateTime<Utc>) -> RestartDecision {
     if pod.metadata.deletion_timestamp.is_some() {
         return RestartDecision::Skip("already being deleted");
     }
@@ -115,7 +116,10 @@ pub fn plugin_restart_decision(pod: &Pod, now: DateTime<Utc>) -> RestartDecision
 
 /// Deletes the DRA kubelet plugin pod on `node` so that it rescans the node's GPUs;
 /// returns how many were deleted (0 when the pod is still starting).
-pub async fn restart_dra_plugin(client: &kube::Client, node: &str) -> Result<usize, NodeOpsError> {
+pub(crate) async fn restart_dra_plugin(
+    client: &kube::Client,
+    node: &str,
+) -> Result<usize, NodeOpsError> {
     let pods: Api<Pod> = Api::all(client.clone());
     // By name, not label: the two chart generations label their pods differently.
     let params = ListParams::default().fields(&format!("spec.nodeName={node}"));

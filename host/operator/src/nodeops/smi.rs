@@ -20,16 +20,16 @@ pub enum SmiError {
 
 /// A PCI address as nvidia-smi, the device plugin and sysfs spell it differently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BusId {
-    pub domain: u32,
-    pub bus: u8,
-    pub device: u8,
-    pub function: u8,
+pub(crate) struct BusId {
+    pub(crate) domain: u32,
+    pub(crate) bus: u8,
+    pub(crate) device: u8,
+    pub(crate) function: u8,
 }
 
 impl BusId {
     /// Accepts `00000000:3B:00.0` (nvidia-smi), `0000:3b:00.0` (sysfs) or `3B:00.0`.
-    pub fn parse(text: &str) -> Result<Self, SmiError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, SmiError> {
         let bad = || SmiError::BadBusId(text.to_owned());
         let t = text.trim();
         let (domain, rest) = match t.matches(':').count() {
@@ -61,7 +61,7 @@ impl BusId {
     }
 
     /// `00000000:3B:00.0`, the form `nvidia-smi drain -p` takes.
-    pub fn smi(&self) -> String {
+    pub(crate) fn smi(&self) -> String {
         format!(
             "{:08X}:{:02X}:{:02X}.{:X}",
             self.domain, self.bus, self.device, self.function
@@ -69,7 +69,7 @@ impl BusId {
     }
 
     /// `0000:3B:00.0`: the device-plugin path strips the leading `0000` of the smi form.
-    pub fn short_upper(&self) -> String {
+    pub(crate) fn short_upper(&self) -> String {
         format!(
             "{:04X}:{:02X}:{:02X}.{:X}",
             self.domain, self.bus, self.device, self.function
@@ -77,7 +77,7 @@ impl BusId {
     }
 
     /// `0000:3b:00.0`, the name under `/sys/bus/pci/devices/`.
-    pub fn sysfs(&self) -> String {
+    pub(crate) fn sysfs(&self) -> String {
         format!(
             "{:04x}:{:02x}:{:02x}.{:x}",
             self.domain, self.bus, self.device, self.function
@@ -92,20 +92,20 @@ impl fmt::Display for BusId {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gpu {
-    pub minor: u32,
-    pub uuid: String,
-    pub bus_id: BusId,
+pub(crate) struct Gpu {
+    pub(crate) minor: u32,
+    pub(crate) uuid: String,
+    pub(crate) bus_id: BusId,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ComputeApp {
-    pub gpu_uuid: String,
-    pub process_name: String,
+pub(crate) struct ComputeApp {
+    pub(crate) gpu_uuid: String,
+    pub(crate) process_name: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainState {
+pub(crate) enum DrainState {
     Draining,
     NotDraining,
 }
@@ -133,14 +133,15 @@ fn check_uuid<'a>(uuid: &'a str, line: &str) -> Result<&'a str, SmiError> {
 }
 
 /// `nvidia-smi --query-gpu=gpu_uuid --format=csv,noheader,nounits`.
-pub fn parse_gpu_uuids(output: &str) -> Result<Vec<String>, SmiError> {
+#[cfg(test)]
+pub(crate) fn parse_gpu_uuids(output: &str) -> Result<Vec<String>, SmiError> {
     data_lines(output)
         .map(|line| check_uuid(line, line).map(str::to_owned))
         .collect()
 }
 
 /// `nvidia-smi --query-gpu=device_minor,gpu_uuid,pci.bus_id --format=csv,noheader,nounits`.
-pub fn parse_gpus(output: &str) -> Result<Vec<Gpu>, SmiError> {
+pub(crate) fn parse_gpus(output: &str) -> Result<Vec<Gpu>, SmiError> {
     data_lines(output)
         .map(|line| {
             let f = fields(line);
@@ -165,7 +166,7 @@ pub fn parse_gpus(output: &str) -> Result<Vec<Gpu>, SmiError> {
 
 /// `nvidia-smi --query-compute-apps=gpu_uuid,process_name --format=csv,noheader,nounits`.
 /// Empty output means no work.
-pub fn parse_compute_apps(output: &str) -> Result<Vec<ComputeApp>, SmiError> {
+pub(crate) fn parse_compute_apps(output: &str) -> Result<Vec<ComputeApp>, SmiError> {
     data_lines(output)
         .map(|line| {
             // A process name may itself contain ", "; only the first comma separates.
@@ -182,7 +183,7 @@ pub fn parse_compute_apps(output: &str) -> Result<Vec<ComputeApp>, SmiError> {
 }
 
 /// `nvidia-smi drain -p <bus> -q`.
-pub fn parse_drain_state(output: &str) -> Result<DrainState, SmiError> {
+pub(crate) fn parse_drain_state(output: &str) -> Result<DrainState, SmiError> {
     let lower = output.to_ascii_lowercase();
     // "not draining" contains "draining", so it must be looked for first.
     if lower.contains("not draining") {
@@ -195,7 +196,7 @@ pub fn parse_drain_state(output: &str) -> Result<DrainState, SmiError> {
 }
 
 /// The module names `lsmod` lists (its first column, after the header line).
-pub fn parse_lsmod(output: &str) -> Vec<String> {
+pub(crate) fn parse_lsmod(output: &str) -> Vec<String> {
     output
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -205,7 +206,7 @@ pub fn parse_lsmod(output: &str) -> Vec<String> {
 }
 
 /// `/proc/driver/nvidia/gpus/<bus id>/information` of a host driver.
-pub fn parse_proc_information(text: &str) -> Result<Gpu, SmiError> {
+pub(crate) fn parse_proc_information(text: &str) -> Result<Gpu, SmiError> {
     let mut minor = None;
     let mut uuid = None;
     let mut bus = None;

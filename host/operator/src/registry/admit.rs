@@ -12,7 +12,7 @@
 use super::route::{RouteEntry, overlap};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProviderRefusal {
+pub(crate) enum ProviderRefusal {
     #[error("nodeSelector overlaps CdiProvider {other}'s: a node would be served by both")]
     Overlap { other: String },
     #[error("CdiProvider {other} is already the default provider: there can be only one")]
@@ -20,7 +20,7 @@ pub enum ProviderRefusal {
 }
 
 /// Whether `new` may join `others` (itself, by name, is skipped: an update).
-pub fn validate(new: &RouteEntry, others: &[RouteEntry]) -> Result<(), ProviderRefusal> {
+pub(crate) fn validate(new: &RouteEntry, others: &[RouteEntry]) -> Result<(), ProviderRefusal> {
     for o in others.iter().filter(|o| o.name != new.name) {
         if new.default && o.default {
             return Err(ProviderRefusal::SecondDefault {

@@ -8,12 +8,12 @@ use cro_api::{CdiProviderSpec, reasons};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{ProviderSpec, Runtime};
 
-use crate::node_machine::RememberingCluster;
+use crate::provider::node_machine::RememberingCluster;
 use crate::source::{self, SourceError};
 
 /// Why a `CdiProvider`'s component could not be made to serve.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub(crate) enum LoadError {
     #[error(
         "grants.secret {namespace}/{name}: Secrets may be granted only from the namespaces {allowed:?} (operator flag --provider-secret-namespaces)"
     )]
@@ -36,7 +36,7 @@ pub enum LoadError {
 
 impl LoadError {
     /// The Degraded condition's reason.
-    pub fn reason(&self) -> &str {
+    pub(crate) fn reason(&self) -> &str {
         match self {
             LoadError::Repeated { reason, .. } => reason,
             LoadError::SecretNamespace { .. } => "SecretNotAllowed",
@@ -54,7 +54,7 @@ impl LoadError {
 /// The runtime's provider spec for `spec`, named `name` (the component's bytes are given
 /// separately). The grants and limits share the spec file's field names, so the
 /// runtime's own parser validates them.
-pub fn provider_spec(name: &str, spec: &CdiProviderSpec) -> Result<ProviderSpec, LoadError> {
+pub(crate) fn provider_spec(name: &str, spec: &CdiProviderSpec) -> Result<ProviderSpec, LoadError> {
     let json = serde_json::json!({
         "name": name,
         "component": format!("cdiprovider/{name}"),
@@ -68,7 +68,10 @@ pub fn provider_spec(name: &str, spec: &CdiProviderSpec) -> Result<ProviderSpec,
 
 /// Refuses a Secret grant outside `allowed` (least privilege: the operator reads
 /// Secrets only where it was told it may).
-pub fn check_secret_namespace(spec: &CdiProviderSpec, allowed: &[String]) -> Result<(), LoadError> {
+pub(crate) fn check_secret_namespace(
+    spec: &CdiProviderSpec,
+    allowed: &[String],
+) -> Result<(), LoadError> {
     match &spec.grants.secret {
         Some(s) if !allowed.iter().any(|a| a == &s.namespace) => Err(LoadError::SecretNamespace {
             namespace: s.namespace.clone(),
@@ -80,14 +83,14 @@ pub fn check_secret_namespace(spec: &CdiProviderSpec, allowed: &[String]) -> Res
 }
 
 /// A loaded component and the digest of its bytes.
-pub struct Loaded {
-    pub provider: Arc<cro_runtime::Provider>,
-    pub digest: String,
+pub(crate) struct Loaded {
+    pub(crate) provider: Arc<cro_runtime::Provider>,
+    pub(crate) digest: String,
 }
 
 /// Loads `fetched` under `spec` and validates it (contract, `describe()`, grants,
 /// limits, configuration keys).
-pub async fn instantiate(
+pub(crate) async fn instantiate(
     client: &kube::Client,
     runtime: &Runtime,
     spec: &ProviderSpec,
@@ -98,7 +101,8 @@ pub async fn instantiate(
         .load_bytes(spec, fetched.bytes, Arc::new(cluster))
         .await
         .map_err(|e| LoadError::Load(e.to_string()))?;
-    crate::startup::check_loaded(&provider).map_err(|e| LoadError::Load(e.to_string()))?;
+    crate::registry::startup::check_loaded(&provider)
+        .map_err(|e| LoadError::Load(e.to_string()))?;
     Ok(Loaded {
         provider: Arc::new(provider),
         digest: fetched.digest,

@@ -10,11 +10,13 @@
 //! Providers come from `CdiProvider` objects ([`watch`]) or, for compatibility, from
 //! `--provider-spec` / the Go environment as one implicit provider.
 
-pub mod admit;
-pub mod load;
-pub mod route;
-pub mod status;
-pub mod watch;
+pub(crate) mod admit;
+pub(crate) mod load;
+pub(crate) mod route;
+pub(crate) mod spec;
+pub(crate) mod startup;
+pub(crate) mod status;
+pub(crate) mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +34,7 @@ use crate::provider::{DeviceProvider, ProviderResult};
 use route::{RouteEntry, RouteError};
 
 /// Name of the implicit provider `--provider-spec` or the Go environment defines.
-pub const IMPLICIT_PROVIDER: &str = "default";
+pub(crate) const IMPLICIT_PROVIDER: &str = "default";
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -43,7 +45,7 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 /// One provider: where it routes, the instance serving, its call counts.
-pub struct Slot {
+pub(crate) struct Slot {
     route: RwLock<RouteEntry>,
     serving: RwLock<Option<Arc<dyn DeviceProvider>>>,
     calls: AtomicU64,
@@ -60,26 +62,26 @@ impl Slot {
         }
     }
 
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         read(&self.route).name.clone()
     }
 
     /// The instance serving now; a call holds this `Arc` until it ends.
-    pub fn serving(&self) -> Option<Arc<dyn DeviceProvider>> {
+    pub(crate) fn serving(&self) -> Option<Arc<dyn DeviceProvider>> {
         read(&self.serving).clone()
     }
 
     /// Makes `provider` serve new calls; calls in flight finish on the old one.
-    pub fn swap(&self, provider: Arc<dyn DeviceProvider>) {
+    pub(crate) fn swap(&self, provider: Arc<dyn DeviceProvider>) {
         *write(&self.serving) = Some(provider);
     }
 
-    pub fn set_route(&self, route: RouteEntry) {
+    pub(crate) fn set_route(&self, route: RouteEntry) {
         *write(&self.route) = route;
     }
 
     /// (calls, failed calls) since this process started.
-    pub fn counts(&self) -> (u64, u64) {
+    pub(crate) fn counts(&self) -> (u64, u64) {
         (
             self.calls.load(Ordering::Relaxed),
             self.failed.load(Ordering::Relaxed),
@@ -103,7 +105,7 @@ enum Labels {
 }
 
 /// The providers by name.
-pub struct Registry {
+pub(crate) struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
     labels: Labels,
 }
@@ -111,7 +113,7 @@ pub struct Registry {
 impl Registry {
     /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); node labels
     /// come from the Node cache given to [`Registry::read_node_labels_from`].
-    pub fn for_objects() -> Arc<Registry> {
+    pub(crate) fn for_objects() -> Arc<Registry> {
         Arc::new(Registry {
             slots: RwLock::default(),
             labels: Labels::Cache(OnceLock::new()),
@@ -121,7 +123,7 @@ impl Registry {
     /// Routes by the labels of the Nodes in `nodes` (the operator's own Node watch
     /// cache, so the registry adds no second watch of every Node). Only the first call
     /// counts; a registry of one implicit provider needs no labels and ignores it.
-    pub fn read_node_labels_from(&self, nodes: Store<Node>) {
+    pub(crate) fn read_node_labels_from(&self, nodes: Store<Node>) {
         if let Labels::Cache(cell) = &self.labels {
             let _ = cell.set(nodes);
         }
@@ -129,7 +131,7 @@ impl Registry {
 
     /// The one implicit provider of `--provider-spec` or the Go environment, serving
     /// every node, under `name`.
-    pub fn single(name: &str, provider: Arc<dyn DeviceProvider>) -> Arc<Registry> {
+    pub(crate) fn single(name: &str, provider: Arc<dyn DeviceProvider>) -> Arc<Registry> {
         let slot = Slot::new(RouteEntry {
             name: name.to_owned(),
             selector: None,
@@ -143,7 +145,7 @@ impl Registry {
     }
 
     /// The slot named `name`, made with `route` when new (its route updated otherwise).
-    pub fn upsert(&self, route: RouteEntry) -> Arc<Slot> {
+    pub(crate) fn upsert(&self, route: RouteEntry) -> Arc<Slot> {
         let mut slots = write(&self.slots);
         match slots.get(&route.name) {
             Some(s) => {
@@ -158,15 +160,15 @@ impl Registry {
         }
     }
 
-    pub fn remove(&self, name: &str) -> Option<Arc<Slot>> {
+    pub(crate) fn remove(&self, name: &str) -> Option<Arc<Slot>> {
         write(&self.slots).remove(name)
     }
 
-    pub fn slot(&self, name: &str) -> Option<Arc<Slot>> {
+    pub(crate) fn slot(&self, name: &str) -> Option<Arc<Slot>> {
         read(&self.slots).get(name).cloned()
     }
 
-    pub fn slots(&self) -> Vec<Arc<Slot>> {
+    pub(crate) fn slots(&self) -> Vec<Arc<Slot>> {
         read(&self.slots).values().cloned().collect()
     }
 
@@ -181,7 +183,7 @@ impl Registry {
     }
 
     /// The name of the provider serving `node`.
-    pub fn route(&self, node: &str) -> Result<String, RouteError> {
+    pub(crate) fn route(&self, node: &str) -> Result<String, RouteError> {
         let entries: Vec<RouteEntry> = self
             .slots()
             .iter()

@@ -12,16 +12,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 
 /// What routing needs to know of one provider.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RouteEntry {
-    pub name: String,
+pub(crate) struct RouteEntry {
+    pub(crate) name: String,
     /// None selects no node (only `default` can then make it serve).
-    pub selector: Option<LabelSelector>,
-    pub default: bool,
+    pub(crate) selector: Option<LabelSelector>,
+    pub(crate) default: bool,
 }
 
 /// Why no single provider serves a node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RouteError {
+pub(crate) enum RouteError {
     #[error(
         "no CdiProvider serves node {node}: no nodeSelector matches its labels and no provider is the default"
     )]
@@ -37,7 +37,7 @@ pub enum RouteError {
 
 /// Whether `selector` selects a node with `labels` (Kubernetes label-selector semantics:
 /// an empty selector selects every node; an invalid operator selects nothing).
-pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let labels_ok = selector
         .match_labels
         .iter()
@@ -64,7 +64,7 @@ fn requirement(r: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) 
 }
 
 /// The provider serving `node` (whose labels are `labels`) among `providers`.
-pub fn route<'a>(
+pub(crate) fn route<'a>(
     node: &str,
     labels: &BTreeMap<String, String>,
     providers: &'a [RouteEntry],
@@ -95,7 +95,7 @@ pub fn route<'a>(
 /// selects, the smaller selects too). Selectors with `matchExpressions` are compared by
 /// their labels only when their expressions are equal; otherwise they are taken to
 /// overlap unless their `matchLabels` disagree on a key, which no node can satisfy both of.
-pub fn overlap(a: &LabelSelector, b: &LabelSelector) -> bool {
+pub(crate) fn overlap(a: &LabelSelector, b: &LabelSelector) -> bool {
     let empty = BTreeMap::new();
     let la = a.match_labels.as_ref().unwrap_or(&empty);
     let lb = b.match_labels.as_ref().unwrap_or(&empty);

@@ -8,26 +8,26 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// What the registry knows of one provider when it writes its status.
 #[derive(Clone, Debug, Default)]
-pub struct Observed {
-    pub generation: Option<i64>,
+pub(crate) struct Observed {
+    pub(crate) generation: Option<i64>,
     /// The component serving now (None: nothing loaded yet).
-    pub serving: Option<Serving>,
+    pub(crate) serving: Option<Serving>,
     /// Why the newest spec could not be applied: (reason, message).
-    pub failure: Option<(String, String)>,
-    pub calls: CallCounts,
+    pub(crate) failure: Option<(String, String)>,
+    pub(crate) calls: CallCounts,
 }
 
 /// The component that serves.
 #[derive(Clone, Debug, Default)]
-pub struct Serving {
-    pub digest: String,
-    pub contract: String,
-    pub describe: Option<ProviderDescription>,
-    pub capabilities: CapabilityReport,
+pub(crate) struct Serving {
+    pub(crate) digest: String,
+    pub(crate) contract: String,
+    pub(crate) describe: Option<ProviderDescription>,
+    pub(crate) capabilities: CapabilityReport,
 }
 
 impl Serving {
-    pub fn of(provider: &cro_runtime::Provider, digest: &str) -> Serving {
+    pub(crate) fn of(provider: &cro_runtime::Provider, digest: &str) -> Serving {
         let report = provider.capability_report();
         Serving {
             digest: digest.to_owned(),
@@ -71,7 +71,7 @@ fn condition(
 }
 
 /// The status for `observed`; `previous` keeps condition transition times.
-pub fn status(observed: &Observed, previous: &[Condition]) -> CdiProviderStatus {
+pub(crate) fn status(observed: &Observed, previous: &[Condition]) -> CdiProviderStatus {
     let g = observed.generation;
     let ready = match (&observed.serving, &observed.failure) {
         (Some(s), None) => condition(

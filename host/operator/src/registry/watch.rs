@@ -22,18 +22,18 @@ use super::{Registry, Slot};
 use crate::source::{self, FetchOptions};
 
 /// The finalizer a `CdiProvider` keeps while it serves attached devices.
-pub const FINALIZER: &str = "cro.hpsys.ibm.ie.com/cdiprovider";
+pub(crate) const FINALIZER: &str = "cro.hpsys.ibm.ie.com/cdiprovider";
 
 /// How the registry loads providers.
 #[derive(Clone, Debug)]
-pub struct WatchOptions {
-    pub fetch: FetchOptions,
+pub(crate) struct WatchOptions {
+    pub(crate) fetch: FetchOptions,
     /// Namespaces a `CdiProvider` may grant a Secret from.
-    pub allowed_secret_namespaces: Vec<String>,
+    pub(crate) allowed_secret_namespaces: Vec<String>,
     /// How often every provider is looked at again: its status (call counts) refreshed,
     /// a ConfigMap source re-read for new bytes, a blocked deletion re-checked.
-    pub resync: Duration,
-    pub controller_name: String,
+    pub(crate) resync: Duration,
+    pub(crate) controller_name: String,
 }
 
 /// What the registry last did with one object.
@@ -63,7 +63,7 @@ fn component_key(p: &CdiProvider) -> String {
 }
 
 /// Runs until the watch ends (never, normally): the caller drops it to stop.
-pub async fn run(registry: Arc<Registry>, client: kube::Client, options: WatchOptions) {
+pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: WatchOptions) {
     let runtime = match Runtime::new(RuntimeOptions::default()) {
         Ok(r) => r,
         Err(e) => {
@@ -414,7 +414,7 @@ impl Watcher {
 }
 
 /// The resources (`name (device id)`) on nodes `provider` serves that hold a device.
-pub fn blocking_devices(
+pub(crate) fn blocking_devices(
     registry: &Registry,
     provider: &str,
     resources: &[ComposableResource],

@@ -18,8 +18,8 @@ use cro_api::{
     ComposabilityRequest, ComposabilityRequestSpec, ComposableResource, LABEL_MANAGED_BY,
     ResourceType, ScalarResourceDetails,
 };
+use cro_operator::RememberingCluster;
 use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
-use cro_operator::node_machine::RememberingCluster;
 use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{Runtime, RuntimeOptions};
@@ -102,7 +102,7 @@ pub struct Env {
     operator: Option<Running>,
     pub api: FabricApi,
     /// The metrics of the operator started last.
-    pub metrics: Option<Arc<cro_operator::metrics::Metrics>>,
+    pub metrics: Option<Arc<cro_operator::Metrics>>,
     _ca_file: tempfile::NamedTempFile,
 }
 

@@ -436,7 +436,7 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
         )
     };
     let check = |yaml: String| {
-        cro_operator::run::provider_spec(&spec_file(&dir, &yaml), |_| None)
+        cro_operator::provider_spec(&spec_file(&dir, &yaml), |_| None)
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
@@ -446,7 +446,7 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
     let good = "api_type: FM, endpoint: \"fm.example:8443/\", tenant_id: t";
     check(spec(good, "https://fm.example:8443")).unwrap();
     let loaded = |yaml: String| {
-        let spec = cro_operator::run::provider_spec(&spec_file(&dir, &yaml), |_| None)
+        let spec = cro_operator::provider_spec(&spec_file(&dir, &yaml), |_| None)
             .map_err(|e| e.to_string())?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -461,7 +461,7 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
                 )
                 .await
                 .unwrap();
-            cro_operator::startup::check_loaded(&provider).map_err(|e| e.to_string())
+            cro_operator::check_loaded(&provider).map_err(|e| e.to_string())
         })
     };
     loaded(spec(good, "https://fm.example:8443")).unwrap();
@@ -492,7 +492,7 @@ fn provider_mistakes_are_refused_at_start_naming_the_setting() {
         if let Some(c) = component {
             vars.insert("CRO_FTI_COMPONENT", c.to_owned());
         }
-        cro_operator::run::provider_spec(&OperatorConfig::new(ProviderSource::GoEnvironment), |k| {
+        cro_operator::provider_spec(&OperatorConfig::new(ProviderSource::GoEnvironment), |k| {
             vars.get(k).cloned()
         })
         .map(|_| ())

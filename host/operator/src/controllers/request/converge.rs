@@ -1,0 +1,174 @@
+//! Updating and Running: make the ComposableResources match `status.resources`, mirror
+//! their state, and say Running once every device is Online and the dropped ones are
+//! gone.
+
+use std::collections::BTreeMap;
+
+use cro_api::{
+    ComposabilityRequest, ComposabilityRequestStatus, ComposableResource, ComposableResourceSpec,
+    CroObjectExt, FINALIZER, LABEL_MANAGED_BY, RequestState, ResourceState,
+};
+use kube::api::{Api, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::mirror::{Entries, mirrored, summary};
+use super::{Next, resources_of, set_state, spec_changed, status_of};
+use crate::error::ReconcileError;
+use crate::plumbing::conditions;
+use crate::plumbing::context::Context;
+use crate::plumbing::patch;
+use crate::plumbing::reconcile::Step;
+
+pub(super) async fn converge(
+    req: ComposabilityRequest,
+    ctx: &Context,
+) -> Result<Next<ComposabilityRequest>, ReconcileError> {
+    if spec_changed(&req) {
+        tracing::info!("spec changed: allocating again");
+        let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
+        return Ok(Next::Allocate(req));
+    }
+    let objects = resources_of(ctx, &req).await?;
+    let old = status_of(&req);
+    if !create_missing(ctx, &req, &old, &objects).await? {
+        let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
+        return Ok(Next::Allocate(req));
+    }
+    let leftovers = drop_leftovers(ctx, &old.resources, &objects).await?;
+
+    let wanted = &old.resources;
+    let entries = mirrored(wanted, &objects);
+    let all_online = entries.iter().all(|(n, e)| {
+        e.state == ResourceState::Online && objects.iter().any(|o| o.name_any() == *n)
+    });
+    let state = if all_online && leftovers == 0 {
+        RequestState::Running
+    } else {
+        RequestState::Updating
+    };
+    // A Running request is not Ready while one of its devices is not (the fabric lost
+    // it, or reports it critical): its state stays Running, as the Go operator's did.
+    let not_ready = (state == RequestState::Running
+        && objects
+            .iter()
+            .filter(|o| wanted.contains_key(&o.name_any()))
+            .any(not_ready))
+    .then_some(conditions::DEVICES_NOT_READY);
+    let error = summary(&entries);
+    let mut new = old.clone();
+    new.resources = entries;
+    new.state = state;
+    new.error = error.clone();
+    let req = write_status(ctx, req, &old, &new).await?;
+    // Resource changes wake the request; the requeue only guards against a lost watch.
+    Ok(Next::Done(
+        Step::requeue(ctx.config.timings.health_period)
+            .with_error(error)
+            .not_ready(not_ready),
+        Some(req),
+    ))
+}
+
+/// Creates the planned ComposableResources that do not exist yet; `false` when one that
+/// existed is gone (its node went away, or someone deleted it): the plan no longer holds.
+async fn create_missing(
+    ctx: &Context,
+    req: &ComposabilityRequest,
+    old: &ComposabilityRequestStatus,
+    objects: &[ComposableResource],
+) -> Result<bool, ReconcileError> {
+    let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
+    for (entry_name, entry) in &old.resources {
+        if objects.iter().any(|o| o.name_any() == *entry_name) {
+            continue;
+        }
+        if entry.state != ResourceState::Empty {
+            tracing::info!(resource = %entry_name, "resource vanished: allocating again");
+            return Ok(false);
+        }
+        let Some(spec) = old.scalar_resource.as_ref() else {
+            return Err(ReconcileError::Invalid(
+                "status.scalarResource is missing while Updating".into(),
+            ));
+        };
+        let mut obj = ComposableResource::new(
+            entry_name,
+            ComposableResourceSpec {
+                resource_type: spec.resource_type,
+                model: spec.model.clone(),
+                target_node: entry.node_name.clone(),
+                force_detach: spec.force_detach,
+            },
+        );
+        obj.metadata.labels = Some(BTreeMap::from([(
+            LABEL_MANAGED_BY.to_owned(),
+            req.name_any(),
+        )]));
+        obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        match resources.create(&PostParams::default(), &obj).await {
+            Ok(_) => {
+                tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// Deletes the request's resources the plan no longer names; how many are left over
+/// (those already being deleted count until they are gone).
+async fn drop_leftovers(
+    ctx: &Context,
+    wanted: &Entries,
+    objects: &[ComposableResource],
+) -> Result<usize, ReconcileError> {
+    let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let mut leftovers = 0;
+    for obj in objects
+        .iter()
+        .filter(|o| !wanted.contains_key(&o.name_any()))
+    {
+        leftovers += 1;
+        if !obj.is_being_deleted() {
+            tracing::info!(resource = %obj.name_any(), "dropping resource");
+            patch::delete(&resources, &obj.name_any()).await?;
+        }
+    }
+    Ok(leftovers)
+}
+
+/// Writes the new status when it differs, with an Event when the request starts Running.
+async fn write_status(
+    ctx: &Context,
+    req: ComposabilityRequest,
+    old: &ComposabilityRequestStatus,
+    new: &ComposabilityRequestStatus,
+) -> Result<ComposabilityRequest, ReconcileError> {
+    if new == old {
+        return Ok(req);
+    }
+    let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
+    let req = patch::replace_status(&api, &req, old, new).await?;
+    if new.state == RequestState::Running && old.state != RequestState::Running {
+        ctx.event(
+            &req.object_ref(&()),
+            EventType::Normal,
+            "Running",
+            "Update",
+            format!("all {} devices are online", new.resources.len()),
+        )
+        .await;
+    }
+    Ok(req)
+}
+
+/// The resource's Ready condition is False.
+fn not_ready(r: &ComposableResource) -> bool {
+    r.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.status == "False")
+    })
+}

@@ -1,0 +1,240 @@
+//! Attaching: driver present, device from the fabric, ids stored, node sees it, Online.
+
+use cro_api::{ComposableResource, ResourceState, ResourceType};
+use cro_runtime::domain::AddOutcome;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::{Outcome, adopt, exposure};
+use crate::error::ReconcileError;
+use crate::nodeops::{Discovery, driver};
+use crate::plumbing::context::Context;
+use crate::plumbing::patch::{self, ResourceStatusPatch};
+use crate::plumbing::reconcile::Step;
+use crate::provider::Operation;
+use crate::provider::node_machine::{ANNOTATION_NODE_MACHINE, NodeMachine};
+
+pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome {
+    let driver = gpu_driver(&res, ctx).await?;
+    let mut res = res;
+    if res.device_id().is_none()
+        && let Some(step) = fabric_attach(ctx, &mut res).await?
+    {
+        return Ok((step, Some(res)));
+    }
+    if let Some(discovery) = driver
+        && let Some(step) = node_exposure(ctx, discovery, &res).await?
+    {
+        return Ok((step, Some(res)));
+    }
+    online(ctx, res).await
+}
+
+/// The node's GPU driver, for a GPU (`None` for anything else). A GPU without a driver
+/// on the node would be attached for nothing. A driver the GPU operator manages counts
+/// although its pod is missing or not Ready: it schedules that pod only once the node has
+/// a GPU, so the node's first GPU must come first.
+async fn gpu_driver(
+    res: &ComposableResource,
+    ctx: &Context,
+) -> Result<Option<Discovery>, ReconcileError> {
+    if res.spec.resource_type != ResourceType::Gpu {
+        return Ok(None);
+    }
+    let node = &res.spec.target_node;
+    let discovery = driver::discover(
+        &ctx.client,
+        ctx.runner.as_ref(),
+        node,
+        &ctx.config.namespace,
+        ctx.caches.driver_pods_on(node),
+    )
+    .await?;
+    Ok(Some(discovery))
+}
+
+/// Asks the fabric for the device (or adopts the one an earlier attach got) and stores its
+/// ids; `Some(step)` while the fabric is still attaching.
+async fn fabric_attach(
+    ctx: &Context,
+    res: &mut ComposableResource,
+) -> Result<Option<Step>, ReconcileError> {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let node = res.spec.target_node.clone();
+    // Stored before the fabric is asked, in the same write as the attempt record: a
+    // device attached to a node whose Node is deleted later can still be released
+    // (crate::provider::node_machine).
+    let machine = machine_note(ctx, res).await?;
+    let machine = machine.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
+    // Held until the ids are stored: a detach on this node meanwhile must see them.
+    let guard = ctx.provider.lock_node(&node).await;
+    // Adopts the device of an earlier attach whose reply was lost, or asks the fabric.
+    let device = match adopt::add(ctx, &guard, res, machine).await? {
+        Ok(AddOutcome::InProgress(what)) => {
+            tracing::info!(node = %node, what = %what, "attach in progress");
+            return Ok(Some(Step::requeue(ctx.config.timings.poll_interval)));
+        }
+        Ok(AddOutcome::Attached(device)) => device,
+        Err(e) => return Err(ReconcileError::provider(Operation::Add, e)),
+    };
+    // Stored before anything else can fail, and unconditionally: losing these ids would
+    // leak the device (until the upstream sync releases it).
+    let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id).with_error("");
+    *res = store_ids(&api, res, ids).await?;
+    ctx.caches.note_ids_written(res);
+    let fabric = device
+        .machine_id
+        .as_deref()
+        .and_then(|m| fabric_machine_note(res, m));
+    let fabric = fabric.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
+    // One write drops the attempt record and notes the fabric's machine.
+    adopt::settled(&api, res, fabric).await;
+    tracing::info!(node = %node, device = %device.device_id,
+        fabric_device = %device.fabric_device_id, "attached by the fabric");
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Normal,
+        "Attached",
+        "Attach",
+        format!(
+            "the fabric attached device {} ({}) to node {node}",
+            device.device_id, device.fabric_device_id
+        ),
+    )
+    .await;
+    Ok(None)
+}
+
+/// Waits for the node's driver and for the GPU to be exposed the way the mode asks;
+/// `Some(step)` while it is not yet.
+async fn node_exposure(
+    ctx: &Context,
+    discovery: Discovery,
+    res: &ComposableResource,
+) -> Result<Option<Step>, ReconcileError> {
+    let poll = ctx.config.timings.poll_interval;
+    let name = res.name_any();
+    let driver = match discovery {
+        Discovery::Ready(driver) => driver,
+        Discovery::ContainerPending { pod } => {
+            tracing::info!(node = %res.spec.target_node, pod = pod.as_deref().unwrap_or("(not scheduled yet)"),
+                "waiting for the GPU operator's driver pod to be Ready");
+            return Ok(Some(Step::requeue(poll)));
+        }
+    };
+    let uuid = res.device_id().unwrap_or_default().to_owned();
+    let seen = exposure::visible(ctx, &driver, &uuid).await?;
+    match (ctx.config.mode, seen) {
+        // The device plugin only reports GPUs the driver already lists.
+        (crate::nodeops::ExposureMode::DevicePlugin, true) => {
+            exposure::rescan(ctx, &driver, &name, true).await?;
+        }
+        (crate::nodeops::ExposureMode::DevicePlugin, false) => {
+            tracing::debug!(gpu = %uuid, "GPU not listed on the node yet");
+            return Ok(Some(Step::requeue(poll)));
+        }
+        (crate::nodeops::ExposureMode::Dra, true) => {}
+        (crate::nodeops::ExposureMode::Dra, false) => {
+            exposure::rescan(ctx, &driver, &name, true).await?;
+            return Ok(Some(Step::requeue(poll)));
+        }
+    }
+    Ok(None)
+}
+
+/// Marks the resource Online; its health is checked from now on.
+async fn online(ctx: &Context, res: ComposableResource) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let name = res.name_any();
+    let node = res.spec.target_node.clone();
+    let res = patch::status(
+        &api,
+        &res,
+        &ResourceStatusPatch::state(ResourceState::Online),
+        true,
+    )
+    .await?;
+    ctx.forget_rescan(&name);
+    tracing::info!(node = %node, device = res.device_id().unwrap_or("?"), "online");
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Normal,
+        "Online",
+        "Attach",
+        format!(
+            "device {} is online on node {node}",
+            res.device_id().unwrap_or("?")
+        ),
+    )
+    .await;
+    Ok((Step::requeue(ctx.config.timings.health_period), Some(res)))
+}
+
+/// Writes the ids of a device the fabric just attached, retrying a few times over a few
+/// seconds: a passing API hiccup must not cost a device.
+async fn store_ids(
+    api: &Api<ComposableResource>,
+    res: &ComposableResource,
+    ids: ResourceStatusPatch,
+) -> Result<ComposableResource, ReconcileError> {
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match patch::status(api, res, &ids, false).await {
+            Ok(r) => return Ok(r),
+            Err(e) if attempt < 6 => {
+                tracing::warn!(attempt, error = %e,
+                    "cannot store the device ids yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What names the node's machine, for the resource's record, unless the record already
+/// has it: written before the first attach (with the attempt record, adopt::add). A
+/// Node that names no machine records nothing: the provider could not attach there
+/// either, and will say why.
+async fn machine_note(
+    ctx: &Context,
+    res: &ComposableResource,
+) -> Result<Option<String>, ReconcileError> {
+    if res.annotations().contains_key(ANNOTATION_NODE_MACHINE) {
+        return Ok(None);
+    }
+    // What names a node's machine is set when the node joins, so the cached Node will
+    // do; one that names nothing (yet, or not yet in the cache) is read again.
+    let cached = ctx
+        .caches
+        .node(&res.spec.target_node)
+        .and_then(|n| NodeMachine::of_node(&n));
+    let machine = match cached {
+        Some(machine) => Some(machine),
+        None => {
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            nodes
+                .get_opt(&res.spec.target_node)
+                .await?
+                .as_ref()
+                .and_then(NodeMachine::of_node)
+        }
+    };
+    Ok(machine.map(|m| m.to_annotation()))
+}
+
+/// The resource's machine record with the fabric machine the provider reported added, so
+/// later calls (a detach after the Node is gone above all) name it directly; `None` when
+/// the record already says so (or the provider named none).
+fn fabric_machine_note(res: &ComposableResource, machine: &str) -> Option<String> {
+    let mut record = NodeMachine::of_resource(res).unwrap_or_default();
+    if machine.is_empty() || record.fabric_machine.as_deref() == Some(machine) {
+        return None;
+    }
+    record.fabric_machine = Some(machine.to_owned());
+    Some(record.to_annotation())
+}

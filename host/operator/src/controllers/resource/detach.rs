@@ -1,0 +1,351 @@
+//! Deletion: Detaching (idle check, taint, drain, fabric remove, wait until gone,
+//! untaint, ids cleared) → Deleting (finalizer removed).
+
+use cro_api::{
+    ANNOTATION_SKIP_NODE_STEPS, ComposableResource, CroObjectExt, ResourceState, ResourceType,
+};
+use cro_runtime::domain::RemoveOutcome;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::{Outcome, exposure, node_exists};
+use crate::error::ReconcileError;
+use crate::nodeops::{Discovery, DrainOptions, Driver, ExposureMode, NodeOpsError, driver};
+use crate::plumbing::context::Context;
+use crate::plumbing::patch::{self, ResourceStatusPatch};
+use crate::plumbing::reconcile::Step;
+use crate::provider::node_machine::NodeMachine;
+use crate::provider::{Operation, to_domain};
+
+pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    if !res.has_cro_finalizer() {
+        return Ok((Step::wait(), None));
+    }
+    let state = res.state();
+    if state == ResourceState::Deleting {
+        patch::remove_finalizer(&api, &res).await?;
+        return Ok((Step::wait(), None));
+    }
+    if res.device_id().is_none() {
+        // Nothing was attached (or the ids were already cleared after the detach).
+        let res = patch::status(
+            &api,
+            &res,
+            &ResourceStatusPatch::state(ResourceState::Deleting),
+            true,
+        )
+        .await?;
+        patch::remove_finalizer(&api, &res).await?;
+        return Ok((Step::wait(), None));
+    }
+    let res = if state == ResourceState::Detaching {
+        res
+    } else {
+        let res = patch::status(
+            &api,
+            &res,
+            &ResourceStatusPatch::state(ResourceState::Detaching).keep_error(),
+            true,
+        )
+        .await?;
+        tracing::info!(node = %res.spec.target_node,
+            device = res.device_id().unwrap_or("?"), "detaching");
+        ctx.event(
+            &res.object_ref(&()),
+            EventType::Normal,
+            "Detaching",
+            "Detach",
+            format!(
+                "detaching device {} from node {}",
+                res.device_id().unwrap_or("?"),
+                res.spec.target_node
+            ),
+        )
+        .await;
+        res
+    };
+    detaching(res, ctx).await
+}
+
+/// Which of a detach's steps on the node run (docs/troubleshooting.md, "Ways out").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeSteps {
+    /// The whole sequence: idle check, drain, fabric, rescan, wait until gone.
+    All,
+    /// `force_detach`: no command runs on the node (no idle check, no drain, no
+    /// `nvidia-smi`), so a node that cannot run commands does not hold the detach up;
+    /// the API-side steps (DRA taint, plugin restarts, DRA visibility) still run.
+    NoCommands,
+    /// The skip-node-steps annotation, or a Node that is gone but whose machine was
+    /// recorded at attach: the fabric detach alone.
+    FabricOnly,
+    /// A Node that is gone and no recorded machine: the device cannot be reached; the
+    /// resource is let go (the Go behaviour) and the device is left to the fabric.
+    Unreachable,
+}
+
+/// The steps a detach runs, from what is known of the node and the resource.
+pub(crate) fn node_steps(
+    node_exists: bool,
+    machine_recorded: bool,
+    skip_annotation: bool,
+    force_detach: bool,
+) -> NodeSteps {
+    match (node_exists, machine_recorded) {
+        (false, true) => NodeSteps::FabricOnly,
+        (false, false) => NodeSteps::Unreachable,
+        (true, _) if skip_annotation => NodeSteps::FabricOnly,
+        (true, _) if force_detach => NodeSteps::NoCommands,
+        (true, _) => NodeSteps::All,
+    }
+}
+
+/// Whether an administrator set the skip-node-steps annotation to `true`.
+pub(crate) fn skips_node_steps(res: &ComposableResource) -> bool {
+    res.annotations()
+        .get(ANNOTATION_SKIP_NODE_STEPS)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The Node is gone and nothing says which machine it was: the Go behaviour.
+async fn let_go(res: ComposableResource, ctx: &Context) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let node = res.spec.target_node.clone();
+    let message = format!(
+        "target node {node} not found and no machine recorded for it: device {} may stay attached on the fabric",
+        res.device_id().unwrap_or("?")
+    );
+    let res = super::mark_node_gone(ctx, &api, res, &message, "Detach").await?;
+    patch::remove_finalizer(&api, &res).await?;
+    Ok((Step::wait(), None))
+}
+
+async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
+    let node = res.spec.target_node.clone();
+    let poll = ctx.config.timings.poll_interval;
+    let uuid = res.device_id().unwrap_or_default().to_owned();
+
+    let steps = node_steps(
+        node_exists(ctx, &node).await?,
+        NodeMachine::of_resource(&res).is_some(),
+        skips_node_steps(&res),
+        res.spec.force_detach,
+    );
+    match steps {
+        NodeSteps::Unreachable => return let_go(res, ctx).await,
+        NodeSteps::All => {}
+        other => {
+            tracing::info!(node = %node, device = %uuid, steps = ?other, "detaching with fewer node steps")
+        }
+    }
+    let driver = drain_driver(ctx, &res, steps).await?;
+
+    // Held through the fabric call: an attach on this node meanwhile could be handed
+    // this very device back, and must store its ids before the check below runs.
+    let guard = ctx.provider.lock_node(&node).await;
+    if let Some(other) = holder_elsewhere(ctx, &res, &uuid).await? {
+        // This detach finished before a crash kept it from being recorded, and the
+        // fabric has since given the device to another resource: nothing is left to do.
+        tracing::warn!(device = %uuid, holder = %other,
+            "device already detached and now held by another resource");
+        drop(guard);
+        return finish(res, ctx, &uuid, steps).await;
+    }
+    release_on_node(ctx, &res, driver.as_ref(), &uuid, steps).await?;
+    match ctx.provider.remove(&guard, &to_domain(&res)).await {
+        Ok(RemoveOutcome::InProgress(what)) => {
+            tracing::info!(node = %node, what = %what, "detach in progress");
+            return Ok((Step::requeue(poll), Some(res)));
+        }
+        Ok(RemoveOutcome::Removed) => {}
+        Err(e) => return Err(ReconcileError::provider(Operation::Remove, e)),
+    }
+    drop(guard);
+
+    if still_on_node(ctx, &res, driver.as_ref(), &uuid, steps).await? {
+        return Ok((Step::requeue(poll), Some(res)));
+    }
+    finish(res, ctx, &uuid, steps).await
+}
+
+/// The driver a GPU is drained through, when the whole node sequence runs; `None` when
+/// there is nothing to drain.
+async fn drain_driver(
+    ctx: &Context,
+    res: &ComposableResource,
+    steps: NodeSteps,
+) -> Result<Option<Driver>, ReconcileError> {
+    if res.spec.resource_type != ResourceType::Gpu || steps != NodeSteps::All {
+        return Ok(None);
+    }
+    let node = &res.spec.target_node;
+    match driver::discover(
+        &ctx.client,
+        ctx.runner.as_ref(),
+        node,
+        &ctx.config.namespace,
+        ctx.caches.driver_pods_on(node),
+    )
+    .await?
+    {
+        Discovery::Ready(driver) => Ok(Some(driver)),
+        // No driver pod at all: nothing on the node can use or hold the GPU, so there
+        // is nothing to drain (a GPU attached but never picked up).
+        Discovery::ContainerPending { pod: None } => Ok(None),
+        Discovery::ContainerPending { pod: Some(pod) } => Err(NodeOpsError::DriverInstalling {
+            node: node.clone(),
+            pod,
+        }
+        .into()),
+    }
+}
+
+/// Before the fabric removes the GPU: the idle check, the DRA taint and the drain (those
+/// the steps allow).
+async fn release_on_node(
+    ctx: &Context,
+    res: &ComposableResource,
+    driver: Option<&Driver>,
+    uuid: &str,
+    steps: NodeSteps,
+) -> Result<(), ReconcileError> {
+    let name = res.name_any();
+    if let Some(driver) = driver
+        && ctx.gpu.is_listed(driver, uuid).await?
+    {
+        // A GPU already gone from the node (drained, or removed before a crash) needs
+        // neither the idle check nor the drain.
+        if !res.spec.force_detach {
+            ctx.gpu.ensure_idle(driver, uuid, ctx.config.mode).await?;
+        }
+        if let Some(dra) = &ctx.dra
+            && ctx.config.mode == ExposureMode::Dra
+            && let Some(device) = dra.find_device(&ctx.client, uuid).await?
+        {
+            dra.taint(&ctx.client, &name, uuid, &device).await?;
+        }
+        ctx.gpu
+            .drain(
+                driver,
+                uuid,
+                DrainOptions {
+                    mode: ctx.config.mode,
+                    force: res.spec.force_detach,
+                },
+            )
+            .await?;
+    }
+    if steps == NodeSteps::NoCommands
+        && res.spec.resource_type == ResourceType::Gpu
+        && let Some(dra) = &ctx.dra
+        && ctx.config.mode == ExposureMode::Dra
+        && let Some(device) = dra.find_device(&ctx.client, uuid).await?
+    {
+        dra.taint(&ctx.client, &name, uuid, &device).await?;
+    }
+    Ok(())
+}
+
+/// After the fabric removed the GPU: rescans the node and tells whether it still shows
+/// the GPU (then the detach looks again later).
+async fn still_on_node(
+    ctx: &Context,
+    res: &ComposableResource,
+    driver: Option<&Driver>,
+    uuid: &str,
+    steps: NodeSteps,
+) -> Result<bool, ReconcileError> {
+    let name = res.name_any();
+    if let Some(driver) = driver {
+        let still_seen = exposure::visible(ctx, driver, uuid).await?;
+        if still_seen || ctx.config.mode == ExposureMode::DevicePlugin {
+            exposure::rescan(ctx, driver, &name, false).await?;
+        }
+        if still_seen {
+            tracing::debug!(gpu = %uuid, "GPU still visible after the detach");
+            return Ok(true);
+        }
+    }
+    if steps == NodeSteps::NoCommands && res.spec.resource_type == ResourceType::Gpu {
+        exposure::rescan_after_detach(ctx, &res.spec.target_node, &name).await?;
+        if exposure::still_published(ctx, uuid).await? {
+            tracing::debug!(gpu = %uuid, "GPU still published after the detach");
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
+async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeSteps) -> Outcome {
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    let name = res.name_any();
+    let node = res.spec.target_node.clone();
+    if let Some(dra) = &ctx.dra {
+        dra.untaint(&ctx.client, &name).await?;
+    }
+    let res = patch::status(
+        &api,
+        &res,
+        &ResourceStatusPatch::ids("", "")
+            .with_state(ResourceState::Deleting)
+            .with_error(""),
+        true,
+    )
+    .await?;
+    ctx.forget_rescan(&name);
+    tracing::info!(node = %node, device = %uuid, "detached");
+    ctx.event(
+        &res.object_ref(&()),
+        EventType::Normal,
+        "Detached",
+        "Detach",
+        match steps {
+            NodeSteps::All => format!("device {uuid} detached from node {node}"),
+            NodeSteps::NoCommands => format!(
+                "device {uuid} detached from node {node} without commands on the node (force_detach): the GPU was not drained"
+            ),
+            NodeSteps::FabricOnly | NodeSteps::Unreachable => format!(
+                "device {uuid} detached on the fabric only; nothing was done on node {node}"
+            ),
+        },
+    )
+    .await;
+    patch::remove_finalizer(&api, &res).await?;
+    Ok((Step::wait(), None))
+}
+
+/// Another ComposableResource whose status holds `device`, if any: from the watch
+/// cache once it shows every change up to this resource's version and every device id an
+/// attach of this process stored (the caller holds the node lock, so an attach on this
+/// node that was handed this device has stored and noted its ids by then), each holder
+/// it names confirmed by a read; else from a LIST (see `Caches::find_holder`).
+async fn holder_elsewhere(
+    ctx: &Context,
+    me: &ComposableResource,
+    device: &str,
+) -> Result<Option<String>, ReconcileError> {
+    Ok(ctx
+        .caches
+        .find_holder(&ctx.client, me, device, false)
+        .await?
+        .map(|r| r.name_any()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NodeSteps, node_steps};
+
+    #[test]
+    fn the_ways_out_choose_the_node_steps() {
+        // (node exists, machine recorded, skip annotation, force_detach)
+        assert_eq!(node_steps(true, true, false, false), NodeSteps::All);
+        assert_eq!(node_steps(true, false, false, true), NodeSteps::NoCommands);
+        assert_eq!(node_steps(true, true, true, true), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(true, false, true, false), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(false, true, false, false), NodeSteps::FabricOnly);
+        assert_eq!(node_steps(false, false, true, true), NodeSteps::Unreachable);
+    }
+}

@@ -1,0 +1,264 @@
+//! What every reconciliation needs: the API client, the provider, the node command
+//! runner, configuration, metrics, the Event recorder, and per-object retry state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::config::OperatorConfig;
+use crate::metrics::Metrics;
+use crate::nodeops::dra::DraApis;
+use crate::nodeops::{CommandRunner, GpuOps};
+use crate::plumbing::cache::Caches;
+use crate::provider::{DeviceProvider, InstrumentedProvider};
+
+pub(crate) struct Context {
+    pub(crate) client: kube::Client,
+    pub(crate) provider: InstrumentedProvider,
+    pub(crate) runner: Arc<dyn CommandRunner>,
+    pub(crate) gpu: GpuOps,
+    pub(crate) config: OperatorConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    /// The DRA kinds this API server serves; None in device-plugin mode.
+    pub(crate) dra: Option<DraApis>,
+    /// Watch caches of resources, requests and nodes; filled once `caches.run` runs.
+    pub(crate) caches: Caches,
+    recorder: Recorder,
+    failures: Mutex<HashMap<String, u32>>,
+    rescans: Mutex<HashMap<String, Instant>>,
+    /// Per object, the resource version its last reconciliation here left it at (see
+    /// [`Context::is_current`]).
+    left_at: Mutex<HashMap<String, u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Context {
+    pub(crate) fn new(
+        client: kube::Client,
+        provider: Arc<dyn DeviceProvider>,
+        runner: Arc<dyn CommandRunner>,
+        config: OperatorConfig,
+        metrics: Arc<Metrics>,
+        dra: Option<DraApis>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: config.controller_name.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Self {
+            provider: InstrumentedProvider::new(provider, metrics.clone()),
+            gpu: GpuOps::new(runner.clone()),
+            client,
+            runner,
+            config,
+            metrics,
+            dra,
+            caches: Caches::default(),
+            recorder,
+            failures: Mutex::default(),
+            rescans: Mutex::default(),
+            left_at: Mutex::default(),
+        }
+    }
+
+    /// The delay before retrying `key` after one more consecutive failure: the base delay
+    /// doubled per failure, capped.
+    pub(crate) fn next_backoff(&self, key: &str) -> Duration {
+        let mut failures = lock(&self.failures);
+        let n = failures.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        let t = &self.config.timings;
+        let factor = 2u32.saturating_pow(n.saturating_sub(1).min(20));
+        t.backoff_base.saturating_mul(factor).min(t.backoff_max)
+    }
+
+    pub(crate) fn succeeded(&self, key: &str) {
+        lock(&self.failures).remove(key);
+    }
+
+    /// Whether the node of `key` should be made to rescan now (at most once per rescan
+    /// interval, so a slow node is not restarted over and over); records the rescan.
+    pub(crate) fn rescan_due(&self, key: &str) -> bool {
+        let mut rescans = lock(&self.rescans);
+        let due = rescans
+            .get(key)
+            .is_none_or(|at| at.elapsed() >= self.config.timings.rescan_interval);
+        if due {
+            rescans.insert(key.to_owned(), Instant::now());
+        }
+        due
+    }
+
+    pub(crate) fn forget_rescan(&self, key: &str) {
+        lock(&self.rescans).remove(key);
+    }
+
+    /// Records the version a reconciliation of `key` left the object at (None: it is
+    /// gone, or the reconciliation failed and what it wrote is not known).
+    pub(crate) fn left_at(&self, key: &str, version: Option<&str>) {
+        let mut left = lock(&self.left_at);
+        match version.and_then(|v| v.parse::<u64>().ok()) {
+            Some(v) => {
+                left.insert(key.to_owned(), v);
+            }
+            None => {
+                left.remove(key);
+            }
+        }
+    }
+
+    /// Whether a copy of `key` at `version` shows everything the last reconciliation here
+    /// wrote to it: there was one, it finished, and the copy is at least that new
+    /// (resource versions are comparable integers, as `Caches::caught_up` relies on too).
+    pub(crate) fn is_current(&self, key: &str, version: Option<&str>) -> bool {
+        let Some(v) = version.and_then(|v| v.parse::<u64>().ok()) else {
+            return false;
+        };
+        lock(&self.left_at).get(key).is_some_and(|&left| v >= left)
+    }
+
+    /// Publishes an Event; a failure to do so is logged, never fatal.
+    pub(crate) async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        let mut note: String = note.into();
+        // The API refuses notes above 1 kB.
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(object = regarding.name.as_deref().unwrap_or("?"), reason, error = %crate::text::kube_error(&e), "cannot publish event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProviderSource;
+    use crate::nodeops::{ExecOutput, NodeOpsError, PodRef};
+    use crate::provider::ProviderResult;
+    use cro_runtime::domain::{self, AddOutcome, AddRequest, Claim, DeviceInfo, RemoveOutcome};
+    use futures::future::BoxFuture;
+
+    struct Nothing;
+
+    impl DeviceProvider for Nothing {
+        fn add<'a>(&'a self, _: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
+            Box::pin(async { Ok(AddOutcome::InProgress("never".into())) })
+        }
+        fn remove<'a>(
+            &'a self,
+            _: &'a domain::ComposableResource,
+        ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
+            Box::pin(async { Ok(RemoveOutcome::Removed) })
+        }
+        fn check<'a>(
+            &'a self,
+            _: &'a domain::ComposableResource,
+        ) -> BoxFuture<'a, ProviderResult<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
+            None
+        }
+        fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
+            None
+        }
+        fn warnings(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    impl CommandRunner for Nothing {
+        fn run<'a>(
+            &'a self,
+            _: &'a PodRef,
+            _: &'a [String],
+        ) -> BoxFuture<'a, Result<ExecOutput, NodeOpsError>> {
+            Box::pin(async { Ok(ExecOutput::default()) })
+        }
+    }
+
+    fn context() -> Context {
+        // The client never connects in these tests.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let mut c = OperatorConfig::new(ProviderSource::GoEnvironment);
+        c.timings.backoff_base = Duration::from_millis(100);
+        c.timings.backoff_max = Duration::from_secs(1);
+        c.timings.rescan_interval = Duration::from_secs(3600);
+        Context::new(
+            client,
+            Arc::new(Nothing),
+            Arc::new(Nothing),
+            c,
+            Arc::new(Metrics::new()),
+            None,
+        )
+    }
+
+    #[tokio::test]
+    async fn backoff_doubles_per_failure_is_capped_and_resets() {
+        let ctx = context();
+        let delays: Vec<u128> = (0..6).map(|_| ctx.next_backoff("a").as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(ctx.next_backoff("b").as_millis(), 100);
+        ctx.succeeded("a");
+        assert_eq!(ctx.next_backoff("a").as_millis(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_current_only_when_as_new_as_the_last_reconciliation_left_it() {
+        let ctx = context();
+        // Never reconciled here: read it.
+        assert!(!ctx.is_current("r/a", Some("7")));
+        ctx.left_at("r/a", Some("7"));
+        assert!(ctx.is_current("r/a", Some("7")));
+        assert!(ctx.is_current("r/a", Some("9")));
+        assert!(!ctx.is_current("r/a", Some("6")));
+        assert!(!ctx.is_current("r/a", None));
+        assert!(!ctx.is_current("r/a", Some("not a number")));
+        // A failed reconciliation (or a deleted object) forgets: read it again.
+        ctx.left_at("r/a", None);
+        assert!(!ctx.is_current("r/a", Some("9")));
+    }
+
+    #[tokio::test]
+    async fn rescans_are_rate_limited_per_resource() {
+        let ctx = context();
+        assert!(ctx.rescan_due("gpu-1"));
+        assert!(!ctx.rescan_due("gpu-1"));
+        assert!(ctx.rescan_due("gpu-2"));
+        ctx.forget_rescan("gpu-1");
+        assert!(ctx.rescan_due("gpu-1"));
+    }
+}
