@@ -36,9 +36,10 @@
 //!   [`config::LeaderElectionConfig`], [`config::DEFAULT_LEASE_NAME`]) and [`compat`]
 //!   ([`compat::fti_spec_from_env`], [`compat::CREDENTIALS_SECRET`],
 //!   [`compat::DEFAULT_FTI_COMPONENT`]).
-//! - Providers: [`DeviceProvider`], [`ProviderResult`], [`ProviderCallError`],
-//!   [`provider_spec`], [`check_loaded`], [`NodeMachine`], [`RememberingCluster`], and
-//!   [`source`] (fetching components); the first three also at [`provider`].
+//! - Providers: [`DeviceProvider`], [`ProviderCounters`], [`ProviderResult`],
+//!   [`ProviderCallError`], [`provider_spec`], [`check_loaded`], [`NodeMachine`],
+//!   [`RememberingCluster`], and [`source`] (fetching components); the first four also
+//!   at [`provider`].
 //! - Nodes: [`nodeops`] ([`nodeops::CommandRunner`], [`nodeops::KubeExecRunner`],
 //!   [`nodeops::ExecOutput`], [`nodeops::PodRef`], [`nodeops::NodeOpsError`],
 //!   [`nodeops::ExposureMode`], [`nodeops::running_and_ready`]).
@@ -78,7 +79,7 @@ pub use metrics::Metrics;
 pub use process::leader::{self, LeaderElector};
 pub use process::run::{Operator, run};
 pub use provider::node_machine::{NodeMachine, RememberingCluster};
-pub use provider::{DeviceProvider, ProviderCallError, ProviderResult};
+pub use provider::{DeviceProvider, ProviderCallError, ProviderCounters, ProviderResult};
 pub use registry::spec::provider_spec;
 pub use registry::startup::check_loaded;
 pub use serve::probes::Readiness;

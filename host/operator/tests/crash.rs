@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
-use cro_operator::provider::{DeviceProvider, ProviderResult};
+use cro_operator::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use cro_runtime::domain::{
     AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, RemoveOutcome,
 };
-use cro_runtime::gate::DenialCounts;
 use fabric_sim::{Fault, Route};
 use futures::future::BoxFuture;
 use kube::api::DeleteParams;
@@ -98,16 +97,8 @@ impl DeviceProvider for Tripwire {
         self.inner.list(claims)
     }
 
-    fn denials(&self) -> Option<DenialCounts> {
-        self.inner.denials()
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        self.inner.budgets()
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        self.inner.warnings()
+    fn counters(&self) -> Option<ProviderCounters> {
+        self.inner.counters()
     }
 }
 

@@ -14,11 +14,10 @@ use common::{CONVERGE, Env, FabricApi, MODEL, eventually, gpu};
 use cro_api::{
     ComposabilityRequest, ComposableResource, RequestState, ResourceState, ResourceType,
 };
-use cro_operator::provider::{DeviceProvider, ProviderResult};
+use cro_operator::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use cro_runtime::CallError;
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::domain::{self, AddOutcome, AddRequest, Claim, DeviceInfo, RemoveOutcome};
-use cro_runtime::gate::DenialCounts;
 use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
 use fabric_sim::{Fault, Route};
 use futures::future::BoxFuture;
@@ -319,16 +318,8 @@ impl DeviceProvider for TrapAfterEffect {
         self.inner.list(claims)
     }
 
-    fn denials(&self) -> Option<DenialCounts> {
-        self.inner.denials()
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        self.inner.budgets()
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        self.inner.warnings()
+    fn counters(&self) -> Option<ProviderCounters> {
+        self.inner.counters()
     }
 }
 
@@ -518,16 +509,8 @@ impl DeviceProvider for Recording {
         self.inner.list(claims)
     }
 
-    fn denials(&self) -> Option<DenialCounts> {
-        self.inner.denials()
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        self.inner.budgets()
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        self.inner.warnings()
+    fn counters(&self) -> Option<ProviderCounters> {
+        self.inner.counters()
     }
 }
 

@@ -187,13 +187,7 @@ mod tests {
         fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
         }
-        fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
-            None
-        }
-        fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-            None
-        }
-        fn warnings(&self) -> Option<u64> {
+        fn counters(&self) -> Option<crate::provider::ProviderCounters> {
             None
         }
     }

@@ -110,11 +110,11 @@ impl Operator {
         });
         let provider: Arc<dyn DeviceProvider> = registry;
         let counted = provider.clone();
-        metrics.watch_denials(move || counted.denials());
-        let budgeted = provider.clone();
-        metrics.watch_budgets(move || budgeted.budgets());
+        metrics.watch_denials(move || counted.counters().map(|c| c.denials));
         let counted = provider.clone();
-        metrics.watch_provider_warnings(move || counted.warnings());
+        metrics.watch_budgets(move || counted.counters().map(|c| (c.provider, c.budgets)));
+        let counted = provider.clone();
+        metrics.watch_provider_warnings(move || counted.counters().map(|c| c.warnings));
         Self {
             client,
             provider,

@@ -12,10 +12,9 @@ use cro_runtime::CallError;
 use cro_runtime::domain::{
     self, AddOutcome, AddRequest, Claim, DeviceInfo, ProviderError, RemoveOutcome,
 };
-use cro_runtime::gate::DenialCounts;
 use futures::future::BoxFuture;
 
-use crate::provider::{DeviceProvider, ProviderResult};
+use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 
 /// The Secret the provider spec grants (namespace, name, keys).
 pub(crate) type SecretRef = cro_runtime::grants::SecretGrant;
@@ -100,16 +99,8 @@ impl DeviceProvider for NamingSecret {
         Box::pin(self.naming(self.inner.list(claims)))
     }
 
-    fn denials(&self) -> Option<DenialCounts> {
-        self.inner.denials()
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        self.inner.budgets()
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        self.inner.warnings()
+    fn counters(&self) -> Option<ProviderCounters> {
+        self.inner.counters()
     }
 }
 

@@ -76,16 +76,22 @@ pub trait DeviceProvider: Send + Sync + 'static {
     /// The fabric's devices, telling the provider which ComposableResources hold which.
     fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>>;
 
-    /// Capability requests the provider's grants refused so far; `None` where nothing
-    /// keeps count (a test double).
-    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts>;
+    /// What the provider counted so far, read when the metrics are scraped; `None`
+    /// where nothing keeps count (a test double, several providers at once).
+    fn counters(&self) -> Option<ProviderCounters>;
+}
 
-    /// (provider name, budget label, times hit) for every budget; `None` where nothing
-    /// keeps count.
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)>;
-
-    /// Warnings and errors the provider logged so far; `None` where nothing keeps count.
-    fn warnings(&self) -> Option<u64>;
+/// What a provider counted so far: one snapshot, so a wrapper forwards it in one line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderCounters {
+    /// The provider's name, the label of its budget metrics.
+    pub provider: String,
+    /// Capability requests its grants refused.
+    pub denials: cro_runtime::gate::DenialCounts,
+    /// (budget label, times hit) for every budget.
+    pub budgets: Vec<(&'static str, u64)>,
+    /// Warnings and errors it logged.
+    pub warnings: u64,
 }
 
 /// The host runtime's provider (a vendor component) is the production implementation.
@@ -112,20 +118,14 @@ impl DeviceProvider for cro_runtime::Provider {
         Box::pin(cro_runtime::Provider::list(self, claims))
     }
 
-    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
-        Some(cro_runtime::Provider::denials(self))
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        let counts = cro_runtime::Provider::budgets(self).snapshot();
-        Some((
-            self.name().to_owned(),
-            counts.into_iter().map(|(b, n)| (b.as_str(), n)).collect(),
-        ))
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        Some(cro_runtime::Provider::warnings(self))
+    fn counters(&self) -> Option<ProviderCounters> {
+        let budgets = cro_runtime::Provider::budgets(self).snapshot();
+        Some(ProviderCounters {
+            provider: self.name().to_owned(),
+            denials: cro_runtime::Provider::denials(self),
+            budgets: budgets.into_iter().map(|(b, n)| (b.as_str(), n)).collect(),
+            warnings: cro_runtime::Provider::warnings(self),
+        })
     }
 }
 
@@ -376,13 +376,7 @@ mod tests {
         fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
         }
-        fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
-            None
-        }
-        fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-            None
-        }
-        fn warnings(&self) -> Option<u64> {
+        fn counters(&self) -> Option<ProviderCounters> {
             None
         }
     }

@@ -30,7 +30,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 
-use crate::provider::{DeviceProvider, ProviderResult};
+use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use route::{RouteEntry, RouteError};
 
 /// Name of the implicit provider `--provider-spec` or the Go environment defines.
@@ -275,16 +275,8 @@ impl DeviceProvider for Registry {
         Box::pin(async move { self.list_all(claims).await })
     }
 
-    fn denials(&self) -> Option<cro_runtime::gate::DenialCounts> {
-        self.only().and_then(|p| p.denials())
-    }
-
-    fn budgets(&self) -> Option<(String, Vec<(&'static str, u64)>)> {
-        self.only().and_then(|p| p.budgets())
-    }
-
-    fn warnings(&self) -> Option<u64> {
-        self.only().and_then(|p| p.warnings())
+    fn counters(&self) -> Option<ProviderCounters> {
+        self.only().and_then(|p| p.counters())
     }
 }
 
