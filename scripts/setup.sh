@@ -15,6 +15,11 @@ command -v flock >/dev/null || need_apt+=(util-linux)
 command -v git >/dev/null || need_apt+=(git)
 # Builds the container image without a daemon or registry (deploy/image/build.sh).
 command -v buildah >/dev/null || need_apt+=(buildah)
+# The real-node test tier (docs/real-node.md): a kubelet's container runtime, the OCI
+# runtime under it and the CNI loopback plugin, started by the tests, not by systemd.
+command -v containerd >/dev/null || need_apt+=(containerd)
+command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || need_apt+=(runc)
+[[ -x /usr/lib/cni/loopback ]] || need_apt+=(containernetworking-plugins)
 if ((${#need_apt[@]})); then
   say "installing ${need_apt[*]}"
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
@@ -33,6 +38,11 @@ if command -v rustup >/dev/null; then
   if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     say "adding the wasm32-wasip2 target"
     rustup target add wasm32-wasip2
+  fi
+  # The real node's stand-in binaries are static (musl): their images have no libc.
+  if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+    say "adding the x86_64-unknown-linux-musl target"
+    rustup target add x86_64-unknown-linux-musl
   fi
   for comp in rustfmt clippy; do
     rustup component list --installed | grep -q "^$comp" || rustup component add "$comp"

@@ -4,6 +4,7 @@
 //! mode with nvidia-smi's quirks, and DRA with both chart namings of the kubelet plugin.
 
 mod common;
+mod real_node;
 
 use common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup, Quirks};
 use common::{CONVERGE, Env, FabricApi, MODEL, eventually, gpu};
@@ -406,6 +407,85 @@ async fn dra_mode_attaches_through_slices_and_taints_while_detaching() {
         common::names(&env.resources_of("dra").await),
         vec![a.name_any()]
     );
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+/// The Ready condition of the (first) ComposableResource of `request` while it is
+/// Attaching with no error: (reason, message).
+async fn attaching_wait(env: &Env, request: &str) -> Option<(String, String)> {
+    let res = env.resources_of(request).await.into_iter().next()?;
+    let status = res.status.as_ref()?;
+    if res.state() != ResourceState::Attaching || !status.error.is_empty() {
+        return None;
+    }
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+    (ready.status == "False").then(|| (ready.reason.clone(), ready.message.clone()))
+}
+
+/// A GPU the fabric attached waits on its node, and its resource says for what, in the
+/// Ready condition and without an error (beside the Go operator it sat in `Attaching`
+/// with an empty error): first the driver pod the GPU operator starts once the node has
+/// a GPU, then (DRA) the kubelet plugin publishing the GPU in a ResourceSlice. Both
+/// are slowed down here so the test sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_waiting_on_its_node_says_what_it_waits_for() {
+    let mut setup = NodeSetup::new(DriverKind::GpuOperator, Exposure::Dra(DraNaming::Current));
+    setup.timings.driver_ready_after = std::time::Duration::from_secs(4);
+    setup.timings.slice_after_ready = std::time::Duration::from_secs(4);
+    let mut env = Env::start_setup(dra_harness(), FabricApi::Fm, setup).await;
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, 1);
+    env.start_operator().await;
+    wait_first_slice(&env, "worker-1").await;
+
+    let mut spec = gpu(1);
+    spec.target_node = Some("worker-1".into());
+    env.create_request("waits", spec).await;
+    let (reason, message) = eventually("the wait for the driver pod", CONVERGE, || async {
+        attaching_wait(&env, "waits")
+            .await
+            .filter(|(_, m)| m.contains("not Ready"))
+    })
+    .await;
+    let pod = driver_pods(&env, "worker-1").await[0].name_any();
+    assert_eq!(reason, "WaitingForDriver");
+    assert_eq!(
+        message,
+        format!("waiting for the NVIDIA driver pod on node worker-1 (pod {pod} not Ready)")
+    );
+
+    let (reason, message) = eventually("the wait for the ResourceSlice", CONVERGE, || async {
+        attaching_wait(&env, "waits")
+            .await
+            .filter(|(r, _)| r == "WaitingForDevice")
+    })
+    .await;
+    let gpu = env.resources_of("waits").await[0]
+        .device_id()
+        .unwrap()
+        .to_owned();
+    assert_eq!(reason, "WaitingForDevice");
+    assert!(
+        message.starts_with(&format!(
+            "waiting for GPU {gpu} in node worker-1's ResourceSlice"
+        )),
+        "{message}"
+    );
+    // Nothing failed: the request shows no error either.
+    let req = env.request("waits").await.unwrap();
+    assert_eq!(req.status.unwrap().error, "");
+
+    env.wait_running("waits", 1).await;
+    // Written right after the state: the wait is gone once Online.
+    eventually("Ready=True, Online", CONVERGE, || async {
+        let res = env.resources_of("waits").await.into_iter().next()?;
+        let status = res.status?;
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (ready.status == "True" && ready.reason == "Online" && status.error.is_empty())
+            .then_some(())
+    })
+    .await;
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }

@@ -26,6 +26,11 @@ pub struct Credentials {
     pub service_account_public_pem: String,
     /// Bearer token of a `system:masters` user.
     pub admin_token: String,
+    /// The CA's private key, kept to sign the client certificates of a real node's
+    /// components (kubelet, the API server's kubelet client).
+    ca_key_pem: String,
+    /// The CA's parameters, to make it an issuer again.
+    ca_params: CertificateParams,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -49,7 +54,7 @@ impl Credentials {
             KeyUsagePurpose::DigitalSignature,
         ];
         let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca_params, ca_key);
+        let issuer = Issuer::new(ca_params.clone(), ca_key);
 
         let serving_key = KeyPair::generate()?;
         let mut serving_params =
@@ -76,7 +81,43 @@ impl Credentials {
                 uuid::Uuid::new_v4().simple(),
                 uuid::Uuid::new_v4().simple()
             ),
+            ca_key_pem: issuer.key().serialize_pem(),
+            ca_params,
         })
+    }
+
+    /// A client certificate signed by the CA for user `common_name` in `groups` (the API
+    /// server maps CN to the user and O to groups): (certificate PEM, key PEM).
+    pub fn client_cert(
+        &self,
+        common_name: &str,
+        groups: &[&str],
+    ) -> Result<(String, String), CertError> {
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem)?;
+        let issuer = Issuer::new(self.ca_params.clone(), ca_key);
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        // One O is what the components here need; rcgen keeps one value per type.
+        if let Some(group) = groups.first() {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// The CA's private key (PEM), for the controller-manager's certificate signer.
+    pub fn ca_key_pem(&self) -> &str {
+        &self.ca_key_pem
     }
 
     /// The `--token-auth-file` line: token, user, uid, groups.

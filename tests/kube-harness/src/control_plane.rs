@@ -114,21 +114,30 @@ impl LocalControlPlane {
     pub(crate) async fn start(
         binaries: &Binaries,
         extra_apiserver_args: &[String],
+        profile: Profile,
         deadline: Instant,
     ) -> Result<Self, StartError> {
-        Self::start_with_ports(binaries, extra_apiserver_args, deadline, &mut free_ports).await
+        Self::start_with_ports(
+            binaries,
+            extra_apiserver_args,
+            profile,
+            deadline,
+            &mut free_ports,
+        )
+        .await
     }
 
     /// [`Self::start`] with the port choice injected, so tests can force clashes.
     async fn start_with_ports(
         binaries: &Binaries,
         extra_apiserver_args: &[String],
+        profile: Profile,
         deadline: Instant,
         pick_ports: &mut PortPicker<'_>,
     ) -> Result<Self, StartError> {
         let dir = HarnessDir::create().map_err(io_err("cannot create the harness directory"))?;
         let credentials = Credentials::generate()?;
-        let files = write_credentials(dir.path(), &credentials)?;
+        let files = write_credentials(dir.path(), &credentials, profile)?;
 
         let t0 = Instant::now();
         let (etcd, etcd_port) = start_etcd(&dir, &binaries.etcd, deadline, pick_ports).await?;
@@ -146,7 +155,7 @@ impl LocalControlPlane {
                 .map_err(io_err("cannot write the kubeconfig"))?;
             let config = config_from_kubeconfig(&kubeconfig).await?;
 
-            let mut args = apiserver_args(port, etcd_port, &files);
+            let mut args = apiserver_args(port, etcd_port, &files, profile);
             args.extend(extra_apiserver_args.iter().cloned());
             let log = dir.path().join("kube-apiserver.log");
             let mut apiserver = spawn_logged(
@@ -185,8 +194,23 @@ impl LocalControlPlane {
     }
 }
 
+/// What the API server serves: tests against the API alone, or a real node's cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Profile {
+    /// No kubelet, no controller-manager: RBAC only, no ServiceAccount admission.
+    #[default]
+    ApiOnly,
+    /// A kubelet and a controller-manager join: Node authorization and NodeRestriction
+    /// (as real clusters run), ServiceAccount admission (the controller-manager makes the
+    /// tokens), a client certificate the kubelet trusts for exec and logs, and a loopback
+    /// service range so nothing ever points at a routable address.
+    RealNode,
+}
+
 struct CredentialFiles {
     ca: PathBuf,
+    kubelet_client_cert: PathBuf,
+    kubelet_client_key: PathBuf,
     serving_cert: PathBuf,
     serving_key: PathBuf,
     sa_key: PathBuf,
@@ -194,9 +218,15 @@ struct CredentialFiles {
     tokens: PathBuf,
 }
 
-fn write_credentials(dir: &Path, c: &Credentials) -> Result<CredentialFiles, StartError> {
+fn write_credentials(
+    dir: &Path,
+    c: &Credentials,
+    profile: Profile,
+) -> Result<CredentialFiles, StartError> {
     let files = CredentialFiles {
         ca: dir.join("ca.crt"),
+        kubelet_client_cert: dir.join("apiserver-kubelet-client.crt"),
+        kubelet_client_key: dir.join("apiserver-kubelet-client.key"),
         serving_cert: dir.join("apiserver.crt"),
         serving_key: dir.join("apiserver.key"),
         sa_key: dir.join("sa.key"),
@@ -213,6 +243,23 @@ fn write_credentials(dir: &Path, c: &Credentials) -> Result<CredentialFiles, Sta
     ] {
         std::fs::write(path, content)
             .map_err(io_err(format!("cannot write {}", path.display())))?;
+    }
+    if profile == Profile::RealNode {
+        // The kubelet authorises the API server's exec, logs and port-forward calls by
+        // this certificate's group.
+        let (cert, key) = c.client_cert("kube-apiserver-kubelet-client", &["system:masters"])?;
+        std::fs::write(&files.kubelet_client_cert, cert)
+            .map_err(io_err("cannot write the kubelet client certificate"))?;
+        std::fs::write(&files.kubelet_client_key, key)
+            .map_err(io_err("cannot write the kubelet client key"))?;
+        std::fs::write(dir.join("ca.key"), c.ca_key_pem())
+            .map_err(io_err("cannot write the CA key"))?;
+        // The kubelet's identity: the Node authorizer and NodeRestriction key on it.
+        let node_user = format!("system:node:{}", crate::real_node::NODE_NAME);
+        let (cert, key) = c.client_cert(&node_user, &["system:nodes"])?;
+        std::fs::write(dir.join("node.crt"), cert)
+            .map_err(io_err("cannot write the node certificate"))?;
+        std::fs::write(dir.join("node.key"), key).map_err(io_err("cannot write the node key"))?;
     }
     Ok(files)
 }
@@ -304,8 +351,38 @@ async fn start_etcd(
     Err(StartError::PortsExhausted { name: "etcd" })
 }
 
-fn apiserver_args(port: u16, etcd_port: u16, f: &CredentialFiles) -> Vec<String> {
+fn apiserver_args(port: u16, etcd_port: u16, f: &CredentialFiles, profile: Profile) -> Vec<String> {
     let p = |path: &Path| path.display().to_string();
+    if profile == Profile::RealNode {
+        return vec![
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            format!("--tls-cert-file={}", p(&f.serving_cert)),
+            format!("--tls-private-key-file={}", p(&f.serving_key)),
+            format!("--client-ca-file={}", p(&f.ca)),
+            format!("--token-auth-file={}", p(&f.tokens)),
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            format!("--service-account-issuer=https://127.0.0.1:{port}"),
+            format!("--service-account-key-file={}", p(&f.sa_public)),
+            format!("--service-account-signing-key-file={}", p(&f.sa_key)),
+            // A loopback range: the `kubernetes` Service's address is never routable.
+            "--service-cluster-ip-range=127.96.0.0/16".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--kubelet-client-certificate={}", p(&f.kubelet_client_cert)),
+            format!("--kubelet-client-key={}", p(&f.kubelet_client_key)),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+            "--enable-aggregator-routing=true".to_owned(),
+            // DRA's DeviceTaintRules (what cro's DRA mode taints a leaving GPU with) are
+            // off by default in 1.36, as is the version that serves them.
+            format!("--feature-gates={}", crate::real_node::FEATURE_GATES),
+            "--runtime-config=resource.k8s.io/v1beta2=true".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
+    }
     vec![
         "--advertise-address=127.0.0.1".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
@@ -478,9 +555,15 @@ mod tests {
             }
         };
         let deadline = Instant::now() + Duration::from_secs(180);
-        let cp = LocalControlPlane::start_with_ports(&binaries, &[], deadline, &mut picker)
-            .await
-            .unwrap();
+        let cp = LocalControlPlane::start_with_ports(
+            &binaries,
+            &[],
+            Profile::ApiOnly,
+            deadline,
+            &mut picker,
+        )
+        .await
+        .unwrap();
         assert_eq!(calls, [2, 2, 1, 1]);
         assert!(!cp.server_url.ends_with(&format!(":{taken}")));
         let etcd_log = std::fs::read_to_string(cp.dir().join("etcd.log")).unwrap();

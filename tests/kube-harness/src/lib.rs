@@ -32,6 +32,7 @@ mod control_plane;
 mod crds;
 pub mod manifests;
 mod process;
+pub mod real_node;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +93,7 @@ pub struct HarnessBuilder {
     apiserver_args: Vec<String>,
     startup_timeout: Duration,
     use_existing_cluster: bool,
+    profile: control_plane::Profile,
 }
 
 impl Default for HarnessBuilder {
@@ -108,6 +110,7 @@ impl Default for HarnessBuilder {
             startup_timeout,
             use_existing_cluster: std::env::var(USE_EXISTING_CLUSTER_ENV)
                 .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes")),
+            profile: control_plane::Profile::default(),
         }
     }
 }
@@ -151,6 +154,14 @@ impl HarnessBuilder {
         self
     }
 
+    /// Serves a real node's cluster (see [`real_node`]): Node authorization, admission as
+    /// real clusters run it, a kubelet client certificate. Never an existing cluster.
+    pub(crate) fn for_real_node(mut self) -> Self {
+        self.profile = control_plane::Profile::RealNode;
+        self.use_existing_cluster = false;
+        self
+    }
+
     /// Starts the control plane (or connects to the existing cluster) and installs the CRDs.
     pub async fn start(self) -> Result<Harness, HarnessError> {
         install_crypto_provider();
@@ -169,7 +180,9 @@ impl HarnessBuilder {
             let binaries = tokio::task::spawn_blocking(binaries::locate)
                 .await
                 .map_err(|e| HarnessError::Join(e.to_string()))??;
-            let local = LocalControlPlane::start(&binaries, &self.apiserver_args, deadline).await?;
+            let local =
+                LocalControlPlane::start(&binaries, &self.apiserver_args, self.profile, deadline)
+                    .await?;
             Harness {
                 config: local.config.clone(),
                 kubeconfig_path: Some(local.kubeconfig_path.clone()),

@@ -7,9 +7,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
+use kube_harness::real_node::{Leftovers, NODE_NAME, RealNode, STANDIN_IMAGE, node_ready};
 use kube_harness::{Harness, pid_alive, sweep_stale_dirs};
+use serde_json::json;
 
 /// Set in the environment of the child test processes this file starts.
 const CHILD_ENV: &str = "KUBE_HARNESS_TEST_CHILD";
@@ -327,4 +330,51 @@ fn the_shared_harness_is_removed_at_exit() {
     assert!(child.wait().unwrap().success());
     // The exit handler killed and reaped the processes before the child exited.
     assert_cleaned_up(&pids, &dir);
+}
+
+/// Teardown leaves the host as it was: no process, mount, cgroup, socket or changed
+/// sysctl of the node, after a pod ran on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_teardown_leaves_nothing_behind() {
+    let node = RealNode::start().await.expect("the real node");
+    let before = node.host_before();
+    let client = node.client().unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    assert!(node_ready(&nodes.get(NODE_NAME).await.unwrap()));
+    node.wait_default_service_account("default").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sleeper", "namespace": "default"},
+        "spec": {"hostNetwork": true, "containers": [{"name": "s", "image": STANDIN_IMAGE,
+            "imagePullPolicy": "Never", "command": ["/node-standin", "pause"]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p = pods.get("sleeper").await.unwrap();
+        if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pod did not start");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let root = node.dir().to_path_buf();
+    let pids = node.pids();
+    // The check sees a running node (so an empty answer after teardown means something).
+    let during = Leftovers::check(&root, &pids, &before);
+    assert!(
+        during.0.iter().any(|l| l.starts_with("cgroup "))
+            && during.0.iter().any(|l| l.starts_with("process "))
+            && during.0.iter().any(|l| l.starts_with("mount ")),
+        "a running node shows no processes, cgroups or mounts: {during}"
+    );
+    eprintln!("real node started in {:?}", node.timings);
+    let t = std::time::Instant::now();
+    let left = node.teardown().await;
+    eprintln!("real node torn down in {:?}", t.elapsed());
+    assert!(left.is_empty(), "teardown left: {left}");
+    let again = Leftovers::check(&root, &pids, &before);
+    assert!(again.is_empty(), "after teardown: {again}");
 }

@@ -185,6 +185,25 @@ pub(crate) async fn install(
     setup: &NodeSetup,
     operator_ns: &str,
 ) -> Result<(), kube::Error> {
+    install_base(client, setup, operator_ns).await?;
+    for spec in daemonsets(setup, operator_ns) {
+        let api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
+        api.create(
+            &PostParams::default(),
+            &daemonset_object(&spec.name, &spec.namespace, &spec.labels),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The namespaces and the setup's ClusterPolicy (with its CRD), each created unless it
+/// exists: what [`install`] creates besides the DaemonSets.
+pub(crate) async fn install_base(
+    client: &kube::Client,
+    setup: &NodeSetup,
+    operator_ns: &str,
+) -> Result<(), kube::Error> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in [GPU_OPERATOR_NS, DRA_NS, operator_ns] {
         if namespaces.get_opt(ns).await?.is_none() {
@@ -204,14 +223,6 @@ pub(crate) async fn install(
     }
     if let Some(enabled) = setup.cluster_policy_driver() {
         install_cluster_policy(client, enabled).await?;
-    }
-    for spec in daemonsets(setup, operator_ns) {
-        let api: Api<DaemonSet> = Api::namespaced(client.clone(), &spec.namespace);
-        api.create(
-            &PostParams::default(),
-            &daemonset_object(&spec.name, &spec.namespace, &spec.labels),
-        )
-        .await?;
     }
     Ok(())
 }
@@ -236,13 +247,10 @@ async fn install_cluster_policy(
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(e),
     }
+    let api = cluster_policy_api(client);
     let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
-    let api: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
-    );
     let mut policy = DynamicObject::new(
-        "cluster-policy",
+        CLUSTER_POLICY,
         &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
     );
     policy.data = json!({"spec": {"driver": {"enabled": driver_enabled}}});
@@ -256,6 +264,17 @@ async fn install_cluster_policy(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// The name of the ClusterPolicy the simulation installs.
+pub(crate) const CLUSTER_POLICY: &str = "cluster-policy";
+
+pub(crate) fn cluster_policy_api(client: &kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
+    )
 }
 
 /// The kubelet's part of a Ready device plugin: the node's `nvidia.com/gpu` capacity and
@@ -609,7 +628,9 @@ pub fn slice_name(node: &str) -> String {
     format!("{node}-{DRA_SLICE_DRIVER}")
 }
 
-async fn publish_slice(
+/// Publishes `node`'s ResourceSlice listing `gpus`, as the NVIDIA DRA kubelet plugin
+/// does when it starts.
+pub(crate) async fn publish_slice(
     client: &kube::Client,
     node: &str,
     gpus: &[crate::node::Gpu],

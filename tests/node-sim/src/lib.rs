@@ -19,10 +19,17 @@
 //!
 //! Delays are short so tests stay fast, but never zero: the order of events is the
 //! real one. See docs/node-operations.md for the behaviour simulated.
+//!
+//! The real-node tier keeps the interpreter and replaces the rest: on a one-node
+//! cluster with a kubelet, [`RealNodeSide`] deploys the same DaemonSets as real pods of
+//! the `node-standin` image, whose commands reach the [`Standin`] service and are
+//! answered by the same [`SimNodes`].
 
 mod cluster;
 pub mod node;
+mod real;
 mod runner;
+mod standin;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,7 +42,9 @@ pub use cluster::{
     slice_api, slice_name,
 };
 pub use node::{DriverKind, NodeOptions, NodeState, Quirks};
-pub use runner::{Hook, SimNodes};
+pub use real::{GPU_PRESENT_LABEL, RealError, RealNodeSide};
+pub use runner::{ExecPath, Hook, SimNodes};
+pub use standin::{ExecFault, REFUSED, Role, Standin, Started, WORKLOAD_PROCESS};
 
 /// Which chart generation of the NVIDIA DRA driver runs the kubelet plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +110,15 @@ impl NodeSetup {
         Self::new(DriverKind::GpuOperator, Exposure::DevicePlugin)
     }
 
+    /// The DaemonSet of the DRA kubelet plugin in this setup, if DRA.
+    pub fn dra_plugin_daemonset(&self) -> Option<&'static str> {
+        match self.exposure {
+            Exposure::Dra(DraNaming::V020) => Some("nvidia-dra-driver-gpu-kubelet-plugin"),
+            Exposure::Dra(DraNaming::Current) => Some("dra-driver-nvidia-gpu-kubelet-plugin"),
+            Exposure::DevicePlugin => None,
+        }
+    }
+
     /// The ClusterPolicy's `spec.driver.enabled`, if there is a ClusterPolicy.
     pub(crate) fn cluster_policy_driver(&self) -> Option<bool> {
         self.cluster_policy
@@ -164,24 +182,16 @@ impl NodeSim {
     }
 
     pub fn add_node_with(&self, node: &str, machine: &str, options: NodeOptions) {
-        let mut w = self.nodes.lock();
-        w.fabric_of.remove(node);
-        w.nodes.insert(
-            node.to_owned(),
-            NodeState::new(machine, self.setup.driver, options),
-        );
+        self.nodes
+            .insert_node(node, machine, self.setup.driver, options, None);
     }
 
     /// Simulates `node` on the machine `machine` of `fabric`, a fabric other than the
     /// one the simulation started with (a node pool served by its own fabric): the
     /// node's GPUs follow that fabric.
     pub fn add_node_on(&self, node: &str, machine: &str, options: NodeOptions, fabric: FabricSim) {
-        let mut w = self.nodes.lock();
-        w.fabric_of.insert(node.to_owned(), fabric);
-        w.nodes.insert(
-            node.to_owned(),
-            NodeState::new(machine, self.setup.driver, options),
-        );
+        self.nodes
+            .insert_node(node, machine, self.setup.driver, options, Some(fabric));
     }
 
     /// The operator's command runner on these nodes.
@@ -204,11 +214,7 @@ impl NodeSim {
 
     /// The DaemonSet of the DRA kubelet plugin in this setup, if DRA.
     pub fn dra_plugin_daemonset(&self) -> Option<&'static str> {
-        match self.setup.exposure {
-            Exposure::Dra(DraNaming::V020) => Some("nvidia-dra-driver-gpu-kubelet-plugin"),
-            Exposure::Dra(DraNaming::Current) => Some("dra-driver-nvidia-gpu-kubelet-plugin"),
-            Exposure::DevicePlugin => None,
-        }
+        self.setup.dra_plugin_daemonset()
     }
 }
 

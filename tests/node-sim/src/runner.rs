@@ -9,11 +9,28 @@ use cro_operator::nodeops::{CommandRunner, ExecOutput, NodeOpsError, PodRef};
 use fabric_sim::{DeviceStatus, FabricSim, Route};
 use futures::future::BoxFuture;
 
-use crate::node::{Gpu, NodeState, PodKind};
+use crate::node::{DriverKind, Gpu, NodeOptions, NodeState, PodKind};
 
 /// Called after each command took effect with its first 60 characters; when it returns
 /// true the command never returns (a test kills the operator there).
 pub type Hook = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// How a command reached the simulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecPath {
+    /// Through [`SimNodes`] as the operator's [`CommandRunner`], in the test process.
+    InProcess,
+    /// Through a real `pods/exec` into a stand-in pod, forwarded to the stand-in
+    /// service ([`crate::Standin`]).
+    StandIn,
+}
+
+/// What [`SimNodes::answer`] made of a command.
+pub(crate) struct Answered {
+    pub result: Result<ExecOutput, NodeOpsError>,
+    /// The test's hook asked for the command never to return.
+    pub hold: bool,
+}
 
 /// A pod of the simulation that commands can be run in.
 #[derive(Debug, Clone)]
@@ -30,7 +47,8 @@ pub(crate) struct World {
     pub pods: BTreeMap<(String, String), ExecPod>,
     /// Per GPU: the fabric's request count when it was last seen with drain marks.
     pub marked_at: BTreeMap<String, u64>,
-    pub commands: Vec<(String, Vec<String>)>,
+    /// Every command interpreted, with its node and the path it came by.
+    pub commands: Vec<(String, Vec<String>, ExecPath)>,
     pub unknown: Vec<String>,
     pub hook: Option<Hook>,
     /// Nodes served by a fabric other than the default one (a second node pool on its
@@ -50,7 +68,8 @@ pub struct SimNodes {
 }
 
 impl SimNodes {
-    pub(crate) fn new(fabric: FabricSim) -> Self {
+    /// Nodes whose GPUs follow `fabric` (unless a node is given a fabric of its own).
+    pub fn new(fabric: FabricSim) -> Self {
         Self {
             fabric,
             world: Arc::default(),
@@ -61,6 +80,25 @@ impl SimNodes {
         self.world
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Simulates `node` on `machine` of `fabric`, or of the default fabric if None (the
+    /// Node object is the caller's).
+    pub(crate) fn insert_node(
+        &self,
+        node: &str,
+        machine: &str,
+        driver: DriverKind,
+        options: NodeOptions,
+        fabric: Option<FabricSim>,
+    ) {
+        let mut w = self.lock();
+        match fabric {
+            Some(fabric) => w.fabric_of.insert(node.to_owned(), fabric),
+            None => w.fabric_of.remove(node),
+        };
+        w.nodes
+            .insert(node.to_owned(), NodeState::new(machine, driver, options));
     }
 
     /// The fabric whose machine backs `node`.
@@ -172,9 +210,24 @@ impl SimNodes {
         self.lock().hook = hook;
     }
 
-    /// Every command run so far, with its node.
+    /// Every command run so far, with its node, whichever path it came by.
     pub fn commands(&self) -> Vec<(String, Vec<String>)> {
-        self.lock().commands.clone()
+        self.lock()
+            .commands
+            .iter()
+            .map(|(node, argv, _)| (node.clone(), argv.clone()))
+            .collect()
+    }
+
+    /// The commands that came by `path`, with their node: on a real node every command
+    /// the operator sends must come [`ExecPath::StandIn`] and none in-process.
+    pub fn commands_via(&self, path: ExecPath) -> Vec<(String, Vec<String>)> {
+        self.lock()
+            .commands
+            .iter()
+            .filter(|(_, _, p)| *p == path)
+            .map(|(node, argv, _)| (node.clone(), argv.clone()))
+            .collect()
     }
 
     /// Commands no simulated node understood (each a test failure).
@@ -182,9 +235,24 @@ impl SimNodes {
         self.lock().unknown.clone()
     }
 
-    fn exec(&self, pod: &PodRef, command: &[String]) -> Result<ExecOutput, NodeOpsError> {
+    /// Runs `command` in `pod` and asks the test's hook about it: the one way a command
+    /// is answered, in-process or through a stand-in pod.
+    pub(crate) fn answer(&self, pod: &PodRef, command: &[String], path: ExecPath) -> Answered {
+        let result = self.exec(pod, command, path);
+        let hook = self.lock().hook.clone();
+        let hold =
+            hook.is_some_and(|hook| hook(&command.join(" ").chars().take(60).collect::<String>()));
+        Answered { result, hold }
+    }
+
+    fn exec(
+        &self,
+        pod: &PodRef,
+        command: &[String],
+        path: ExecPath,
+    ) -> Result<ExecOutput, NodeOpsError> {
         let mut w = self.lock();
-        w.commands.push((pod.node.clone(), command.to_vec()));
+        w.commands.push((pod.node.clone(), command.to_vec(), path));
         let key = (pod.namespace.clone(), pod.name.clone());
         let exec_err = |message: String| NodeOpsError::Exec {
             pod: pod.to_string(),
@@ -240,14 +308,11 @@ impl CommandRunner for SimNodes {
         command: &'a [String],
     ) -> BoxFuture<'a, Result<ExecOutput, NodeOpsError>> {
         Box::pin(async move {
-            let answer = self.exec(pod, command);
-            let hook = self.lock().hook.clone();
-            if let Some(hook) = hook
-                && hook(&command.join(" ").chars().take(60).collect::<String>())
-            {
+            let answered = self.answer(pod, command, ExecPath::InProcess);
+            if answered.hold {
                 std::future::pending::<()>().await;
             }
-            answer
+            answered.result
         })
     }
 }

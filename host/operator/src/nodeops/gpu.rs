@@ -69,16 +69,7 @@ impl GpuOps {
     async fn run_ok(&self, driver: &Driver, cmd: Vec<String>) -> Result<ExecOutput, NodeOpsError> {
         let out = self.run(driver, cmd.clone()).await?;
         if out.exit_code != 0 {
-            return Err(NodeOpsError::CommandFailed {
-                pod: driver.pod.to_string(),
-                command: cmd.join(" "),
-                code: out.exit_code,
-                stderr: first_words(if out.stderr.trim().is_empty() {
-                    &out.stdout
-                } else {
-                    &out.stderr
-                }),
-            });
+            return Err(failed(driver, &cmd, &out));
         }
         Ok(out)
     }
@@ -98,14 +89,13 @@ impl GpuOps {
             return Ok(Vec::new());
         }
         if out.exit_code == 0 {
-            return smi::parse_gpus(&out.stdout).map_err(|e| Self::parse_err(driver, e));
+            let answer = stdout_answer(driver, &driver.smi(QUERY_GPUS), &out)?;
+            return smi::parse_gpus(answer).map_err(|e| Self::parse_err(driver, e));
         }
         if driver.setup == DriverSetup::Host {
-            let proc = self
-                .run_ok(driver, driver.host_sh(PROC_INFORMATION))
-                .await?;
-            return proc
-                .stdout
+            let script = driver.host_sh(PROC_INFORMATION);
+            let proc = self.run_ok(driver, script.clone()).await?;
+            return stdout_answer(driver, &script, &proc)?
                 .split("%%")
                 .filter(|block| !block.trim().is_empty())
                 .map(|block| {
@@ -113,12 +103,7 @@ impl GpuOps {
                 })
                 .collect();
         }
-        Err(NodeOpsError::CommandFailed {
-            pod: driver.pod.to_string(),
-            command: driver.smi(QUERY_GPUS).join(" "),
-            code: out.exit_code,
-            stderr: first_words(&out.stderr),
-        })
+        Err(failed(driver, &driver.smi(QUERY_GPUS), &out))
     }
 
     pub(crate) async fn is_listed(
@@ -138,14 +123,11 @@ impl GpuOps {
             return Ok(Vec::new());
         }
         if out.exit_code != 0 {
-            return Err(NodeOpsError::CommandFailed {
-                pod: driver.pod.to_string(),
-                command: driver.smi(QUERY_APPS).join(" "),
-                code: out.exit_code,
-                stderr: first_words(&out.stderr),
-            });
+            return Err(failed(driver, &driver.smi(QUERY_APPS), &out));
         }
-        smi::parse_compute_apps(&out.stdout).map_err(|e| Self::parse_err(driver, e))
+        // Empty is "no work", but not when stderr says something instead.
+        let answer = stdout_answer(driver, &driver.smi(QUERY_APPS), &out)?;
+        smi::parse_compute_apps(answer).map_err(|e| Self::parse_err(driver, e))
     }
 
     /// Step 1: refuses while work runs (any GPU of the node in device-plugin mode, this
@@ -249,8 +231,9 @@ impl GpuOps {
                 }
             })
         } else {
-            let out = self.run_ok(driver, query_cmd).await?;
-            smi::parse_drain_state(&out.stdout).map_err(|e| Self::parse_err(driver, e))
+            let out = self.run_ok(driver, query_cmd.clone()).await?;
+            let answer = stdout_answer(driver, &query_cmd, &out)?;
+            smi::parse_drain_state(answer).map_err(|e| Self::parse_err(driver, e))
         }
     }
 
@@ -298,16 +281,7 @@ impl GpuOps {
         let out = self.run(driver, reset.clone()).await?;
         if out.exit_code != 0 {
             if mode != ExposureMode::DevicePlugin {
-                return Err(NodeOpsError::CommandFailed {
-                    pod: driver.pod.to_string(),
-                    command: reset.join(" "),
-                    code: out.exit_code,
-                    stderr: first_words(if out.stderr.trim().is_empty() {
-                        &out.stdout
-                    } else {
-                        &out.stderr
-                    }),
-                });
+                return Err(failed(driver, &reset, &out));
             }
             // As in the Go operator: the fabric's detach takes the GPU away anyway.
             tracing::warn!(node = %driver.pod.node, gpu = gpu.uuid.as_str(), code = out.exit_code,
@@ -355,6 +329,40 @@ fn holders_script(minor: u32) -> String {
     )
 }
 
+/// A command's non-zero exit as an error, with what it printed on stderr (on stdout when
+/// stderr is empty: nvidia-smi prints some failures there, such as "NVIDIA-SMI has
+/// failed because it couldn't communicate with the NVIDIA driver").
+fn failed(driver: &Driver, cmd: &[String], out: &ExecOutput) -> NodeOpsError {
+    NodeOpsError::CommandFailed {
+        pod: driver.pod.to_string(),
+        command: cmd.join(" "),
+        code: out.exit_code,
+        stderr: first_words(if out.stderr.trim().is_empty() {
+            &out.stdout
+        } else {
+            &out.stderr
+        }),
+    }
+}
+
+/// The stdout of a command that exited 0, as the answer to parse; an empty stdout beside
+/// a message on stderr is no answer (read as one it would be "no GPUs" or "no work",
+/// and a drain could be skipped).
+fn stdout_answer<'a>(
+    driver: &Driver,
+    cmd: &[String],
+    out: &'a ExecOutput,
+) -> Result<&'a str, NodeOpsError> {
+    if out.stdout.trim().is_empty() && !out.stderr.trim().is_empty() {
+        return Err(NodeOpsError::OnlyStderr {
+            pod: driver.pod.to_string(),
+            command: cmd.join(" "),
+            stderr: first_words(&out.stderr),
+        });
+    }
+    Ok(&out.stdout)
+}
+
 fn first_words(text: &str) -> String {
     let t = text.trim();
     let cut = crate::text::clip(t, 300);
@@ -392,6 +400,87 @@ mod tests {
     #[test]
     fn holders_script_names_the_device() {
         assert!(holders_script(3).contains("= /dev/nvidia3 ]"));
+    }
+
+    /// A runner that answers every command with one output.
+    struct Answer(ExecOutput);
+
+    impl CommandRunner for Answer {
+        fn run<'a>(
+            &'a self,
+            _pod: &'a super::super::PodRef,
+            _command: &'a [String],
+        ) -> futures::future::BoxFuture<'a, Result<ExecOutput, NodeOpsError>> {
+            let out = self.0.clone();
+            Box::pin(async move { Ok(out) })
+        }
+    }
+
+    fn driver(setup: DriverSetup) -> Driver {
+        Driver {
+            setup,
+            pod: super::super::PodRef {
+                namespace: "gpu-operator".into(),
+                name: "nvidia-driver-abc".into(),
+                node: "n1".into(),
+                container: None,
+            },
+        }
+    }
+
+    fn ops(stdout: &str, stderr: &str, exit_code: i32) -> GpuOps {
+        GpuOps::new(Arc::new(Answer(ExecOutput {
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            exit_code,
+        })))
+    }
+
+    #[tokio::test]
+    async fn stderr_alone_is_no_answer() {
+        let warning = "Failed to initialize NVML: Unknown Error";
+        for setup in [DriverSetup::Container, DriverSetup::Host] {
+            let d = driver(setup);
+            let e = ops("", warning, 0).list_gpus(&d).await.unwrap_err();
+            assert!(
+                matches!(e, NodeOpsError::OnlyStderr { ref stderr, .. } if stderr == warning),
+                "{e:?}"
+            );
+            let e = ops("", warning, 0).compute_apps(&d).await.unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("exited 0 but printed nothing on stdout")
+                    && text.contains(warning)
+                    && text.contains("gpu-operator/nvidia-driver-abc"),
+                "{text}"
+            );
+            // An empty answer without a word on stderr is still "none".
+            assert!(ops("", "", 0).list_gpus(&d).await.unwrap().is_empty());
+            assert!(ops("", "", 0).compute_apps(&d).await.unwrap().is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failure_names_what_the_command_printed() {
+        let d = driver(DriverSetup::Container);
+        let smi = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.";
+        for e in [
+            ops(smi, "", 9).list_gpus(&d).await.unwrap_err(),
+            ops(smi, "", 9).compute_apps(&d).await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(e, NodeOpsError::CommandFailed { code: 9, ref stderr, .. } if stderr == smi),
+                "{e:?}"
+            );
+        }
+        let e = ops("", "nvidia-smi: not found", 127)
+            .list_gpus(&d)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().ends_with("(exit 127): nvidia-smi: not found"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -57,6 +57,67 @@ pub enum NodeOpsError {
         code: i32,
         stderr: String,
     },
+    /// A command answered on stderr alone with exit 0 where its answer belongs on stdout:
+    /// no answer to parse (an empty list read from it could skip a drain).
+    #[error(
+        "command `{command}` in pod {pod} exited 0 but printed nothing on stdout, only this on stderr: {stderr}"
+    )]
+    OnlyStderr {
+        pod: String,
+        command: String,
+        stderr: String,
+    },
+    // How an exec failed (runner.rs; docs/node-operations.md, "When exec fails"). None of
+    // these is an exit code: the command did not run, or did not finish, as asked.
+    /// The API server or the kubelet refused the exec because the container cannot run
+    /// commands now: not found, not started, restarting or exited, or not in the pod.
+    #[error(
+        "container {container} of pod {pod} is not running, so the command could not start: {detail}"
+    )]
+    ContainerNotRunning {
+        pod: String,
+        container: String,
+        detail: String,
+    },
+    /// The pod the command was meant for is gone (404 before the command started).
+    #[error("pod {pod} does not exist (any more), so the command could not start: {detail}")]
+    PodNotFound { pod: String, detail: String },
+    /// The pod was deleted (or is being deleted) while the command ran in it.
+    #[error("pod {pod} was deleted while `{command}` ran in it; its output was discarded")]
+    PodDeleted { pod: String, command: String },
+    /// The exec stream ended without an exit status: the kubelet restarted, a connection
+    /// was lost. The command may or may not have finished.
+    #[error(
+        "`{command}` in pod {pod} was interrupted: the exec stream ended without an exit status ({detail}); its output was discarded"
+    )]
+    Interrupted {
+        pod: String,
+        command: String,
+        detail: String,
+    },
+    /// No exit status within the runner's limit; the command may still run on the node.
+    #[error(
+        "`{command}` in pod {pod} gave no exit status within {limit:?} and was abandoned (it may still run on the node)"
+    )]
+    ExecTimeout {
+        pod: String,
+        command: String,
+        limit: std::time::Duration,
+    },
+    /// The command was killed by a signal (exit 128+N: 137 SIGKILL, 143 SIGTERM); what it
+    /// printed until then is not an answer.
+    #[error(
+        "`{command}` in pod {pod} was killed by {} (exit {}); its partial output was discarded",
+        runner::signal_name(*.signal),
+        128 + .signal
+    )]
+    Killed {
+        pod: String,
+        command: String,
+        signal: i32,
+    },
+    /// Any other exec failure (the kubelet unreachable, exec forbidden, the program not
+    /// found in the container, …), in the API server's or kubelet's words.
     #[error("exec into pod {pod}: {message}")]
     Exec { pod: String, message: String },
     #[error("unexpected output from node {node}: {source}")]
@@ -69,4 +130,35 @@ pub enum NodeOpsError {
     ApiUnavailable { what: &'static str, why: String },
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+}
+
+impl NodeOpsError {
+    /// Whether the error is expected to clear by itself: a state of the node that passes
+    /// (a driver installing, GPU work ending) or an exec that failed on its way (the
+    /// pod restarting or replaced, the kubelet restarting, a lost connection, a killed
+    /// or timed-out command). The controller retries every error with backoff; the
+    /// others need a person (install or fix something) before a retry can succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            NodeOpsError::DriverInstalling { .. }
+            | NodeOpsError::NoAgent { .. }
+            | NodeOpsError::GpuBusy { .. }
+            | NodeOpsError::DeviceHeld { .. }
+            | NodeOpsError::ContainerNotRunning { .. }
+            | NodeOpsError::PodNotFound { .. }
+            | NodeOpsError::PodDeleted { .. }
+            | NodeOpsError::Interrupted { .. }
+            | NodeOpsError::ExecTimeout { .. }
+            | NodeOpsError::Killed { .. }
+            | NodeOpsError::Exec { .. }
+            | NodeOpsError::Kube(_) => true,
+            NodeOpsError::NoDriver(_)
+            | NodeOpsError::NoGpuOperator(_)
+            | NodeOpsError::NoAgentDaemonSet { .. }
+            | NodeOpsError::CommandFailed { .. }
+            | NodeOpsError::OnlyStderr { .. }
+            | NodeOpsError::Parse { .. }
+            | NodeOpsError::ApiUnavailable { .. } => false,
+        }
+    }
 }

@@ -22,6 +22,14 @@ pub(crate) const DEVICE_MISSING: &str = "DeviceMissing";
 pub(crate) const DEVICE_CRITICAL: &str = "DeviceCritical";
 /// Ready=False reason of a Running request some of whose resources are not Ready.
 pub(crate) const DEVICES_NOT_READY: &str = "DevicesNotReady";
+/// Ready=False reasons of an Attaching resource whose device the fabric attached and
+/// that waits on its node (docs/troubleshooting.md): for the NVIDIA driver pod, or for
+/// the GPU to show up (nvidia-smi, or a ResourceSlice). Nothing failed: `status.error`
+/// stays empty. The attach writes them itself ([`wait_patch`]); they stay while the
+/// resource is Attaching and no error is reported.
+pub(crate) const WAITING_FOR_DRIVER: &str = "WaitingForDriver";
+pub(crate) const WAITING_FOR_DEVICE: &str = "WaitingForDevice";
+const WAITS: [&str; 2] = [WAITING_FOR_DRIVER, WAITING_FOR_DEVICE];
 
 /// Longest message the API server accepts in a condition.
 const MAX_MESSAGE: usize = 32768;
@@ -102,13 +110,52 @@ impl Reported for ComposableResource {
     }
 
     fn readiness(&self, error: &str) -> Readiness {
+        let state = self.state();
+        if error.is_empty()
+            && state == ResourceState::Attaching
+            && let Some(wait) = current_wait(self.conditions())
+        {
+            return wait;
+        }
         resource_readiness(
-            &self.state(),
+            &state,
             error,
             self.device_id().unwrap_or("?"),
             &self.spec.target_node,
         )
     }
+}
+
+/// The wait the Ready condition names now, if it names one.
+fn current_wait(conditions: &[Condition]) -> Option<Readiness> {
+    let ready = conditions.iter().find(|c| c.type_ == READY)?;
+    let reason = WAITS.into_iter().find(|w| *w == ready.reason)?;
+    (ready.status == "False").then(|| Readiness {
+        ready: false,
+        reason,
+        message: ready.message.clone(),
+    })
+}
+
+/// The status patch that says an Attaching resource waits on its node: Ready False with
+/// `reason` ([`WAITING_FOR_DRIVER`] or [`WAITING_FOR_DEVICE`]) and `message`, and no
+/// error; `None` when the resource says so already.
+pub(crate) fn wait_patch(
+    res: &ComposableResource,
+    reason: &'static str,
+    message: &str,
+    now: Timestamp,
+) -> Option<ReportPatch> {
+    let readiness = Readiness {
+        ready: false,
+        reason,
+        message: message.to_owned(),
+    };
+    let patch = ReportPatch {
+        error: (!res.status_error().is_empty()).then(String::new),
+        conditions: with_ready(res.conditions(), &readiness, res.meta().generation, now),
+    };
+    (patch != ReportPatch::default()).then_some(patch)
 }
 
 /// Ready while Running. An error on a Running request (a failed reconciliation) does
@@ -418,6 +465,32 @@ mod tests {
         let patch = report(&res, "warning", now).unwrap();
         assert_eq!(patch["error"], "warning");
         assert_eq!(patch["conditions"][0]["message"], "warning");
+
+        // An Attaching resource that waits on its node says for what, without an error,
+        // until an error or another state replaces it.
+        res.status = Some(ComposableResourceStatus {
+            state: ResourceState::Attaching,
+            device_id: "GPU-1".into(),
+            error: "an earlier failure".into(),
+            ..Default::default()
+        });
+        let wait = "waiting for the NVIDIA driver pod on node n1 (pod nvidia-driver-x not Ready)";
+        let patch = wait_patch(&res, WAITING_FOR_DRIVER, wait, now).unwrap();
+        let value = serde_json::to_value(&patch).unwrap();
+        assert_eq!(value["error"], "");
+        assert_eq!(value["conditions"][0]["reason"], "WaitingForDriver");
+        assert_eq!(value["conditions"][0]["status"], "False");
+        assert_eq!(value["conditions"][0]["message"], wait);
+        let status = res.status.as_mut().unwrap();
+        status.error = String::new();
+        status.conditions = patch.conditions.unwrap();
+        assert_eq!(wait_patch(&res, WAITING_FOR_DRIVER, wait, now), None);
+        assert_eq!(report(&res, "", now), None, "the wait is kept");
+        let patch = report(&res, "exec failed", now).unwrap();
+        assert_eq!(patch["conditions"][0]["reason"], "Error");
+        res.status.as_mut().unwrap().state = ResourceState::Online;
+        let patch = report(&res, "", now).unwrap();
+        assert_eq!(patch["conditions"][0]["reason"], "Online");
 
         let mut req = ComposabilityRequest::new(
             "req",

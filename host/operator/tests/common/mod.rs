@@ -8,6 +8,7 @@
 
 pub mod fti;
 pub mod nodes;
+pub mod real;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -35,7 +36,9 @@ use kube_harness::Harness;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
+use cro_operator::nodeops::CommandRunner;
 use nodes::{NodeOptions, NodeSetup, NodeSim, SimNodes};
+use real::RealWorld;
 
 pub const MODEL: &str = "NVIDIA-A100-PCIE-40GB";
 pub const OPERATOR_NS: &str = "composable-resource-operator-system";
@@ -89,14 +92,53 @@ type Running = (
     tokio::sync::oneshot::Sender<()>,
 );
 
+/// Where the nodes' GPU software runs: simulated in this process against an API server
+/// without kubelets, or as real pods on a real node ([`real`]).
+pub enum NodeWorld {
+    Sim(NodeSim),
+    Real(Box<RealWorld>),
+}
+
+impl NodeWorld {
+    /// How often the pod of DaemonSet `daemonset` on `node` was restarted.
+    pub fn restarts(&self, daemonset: &str, node: &str) -> usize {
+        match self {
+            NodeWorld::Sim(sim) => sim.restarts(daemonset, node),
+            NodeWorld::Real(real) => real.side.restarts(daemonset, node),
+        }
+    }
+
+    /// The real node's world, if this is one (panics otherwise: a test's mistake).
+    pub fn real(&self) -> &RealWorld {
+        match self {
+            NodeWorld::Real(real) => real,
+            NodeWorld::Sim(_) => panic!("this test runs on simulated nodes"),
+        }
+    }
+
+    /// The real node's world, to restart its kubelet.
+    pub fn real_mut(&mut self) -> &mut RealWorld {
+        match self {
+            NodeWorld::Real(real) => real,
+            NodeWorld::Sim(_) => panic!("this test runs on simulated nodes"),
+        }
+    }
+}
+
 pub struct Env {
-    pub harness: Harness,
+    // Field order is drop order: the node world (its pods, then the node) before the API
+    // server the harness holds.
+    /// The nodes' cluster side: simulated (GPU operator, plugins, node agent as API
+    /// objects) or real pods on a real node.
+    pub node_sim: NodeWorld,
+    pub harness: Arc<Harness>,
     pub client: Client,
     pub sim: FabricSim,
-    /// The operator's command runner on the simulated nodes.
+    /// The nodes' state (GPUs, processes, drain marks), following the fabric simulator.
     pub nodes: SimNodes,
-    /// The simulated nodes' cluster side (GPU operator, plugins, node agent).
-    pub node_sim: NodeSim,
+    /// What the operator runs node commands through: the simulated nodes, or the real
+    /// `pods/exec` of the API server on a real node.
+    pub runner: Arc<dyn CommandRunner>,
     pub provider: Arc<dyn DeviceProvider>,
     pub config: OperatorConfig,
     operator: Option<Running>,
@@ -141,8 +183,55 @@ impl Env {
                     "Namespaced",
                 )),
         };
-        let harness = builder.start().await.expect("API server");
+        let harness = Arc::new(builder.start().await.expect("API server"));
         let client = harness.client().unwrap();
+        let parts = Parts::prepare(&client, api, &setup).await;
+        let node_sim = NodeSim::start(client.clone(), parts.sim.clone(), setup, OPERATOR_NS)
+            .await
+            .expect("node simulation");
+        let nodes = node_sim.runner();
+        parts.into_env(
+            harness,
+            client,
+            nodes.clone(),
+            Arc::new(nodes),
+            NodeWorld::Sim(node_sim),
+        )
+    }
+
+    /// The same environment on a real node (kubelet + containerd, see [`real`]): the
+    /// setup's GPU software runs as real pods, and the operator's node commands go
+    /// through the API server's real `pods/exec`.
+    pub async fn start_real(setup: NodeSetup) -> Env {
+        init_tracing();
+        let world = RealWorld::start(&setup).await;
+        let harness = world.node.harness_arc();
+        let client = harness.client().unwrap();
+        let parts = Parts::prepare(&client, FabricApi::Fm, &setup).await;
+        let (world, nodes, runner) = world.install(&client, &parts.sim, setup).await;
+        parts.into_env(
+            harness,
+            client,
+            nodes,
+            runner,
+            NodeWorld::Real(Box::new(world)),
+        )
+    }
+}
+
+/// What every environment has before its nodes: the fabric simulator, the namespaces,
+/// the credentials Secret, the FTI component loaded as `cro run` loads it.
+struct Parts {
+    sim: FabricSim,
+    provider: Arc<dyn DeviceProvider>,
+    config: OperatorConfig,
+    api: FabricApi,
+    ca_file: tempfile::NamedTempFile,
+}
+
+impl Parts {
+    async fn prepare(client: &Client, api: FabricApi, setup: &NodeSetup) -> Parts {
+        let client = client.clone();
         let sim = FabricSim::start(SimConfig::default()).unwrap();
 
         for ns in [OPERATOR_NS, GPU_NS] {
@@ -220,24 +309,41 @@ impl Env {
         if let nodes::Exposure::Dra(_) = setup.exposure {
             config.mode = cro_operator::nodeops::ExposureMode::Dra;
         }
-        let node_sim = NodeSim::start(client.clone(), sim.clone(), setup, OPERATOR_NS)
-            .await
-            .expect("node simulation");
-        Env {
-            nodes: node_sim.runner(),
-            node_sim,
-            harness,
-            client,
+        Parts {
             sim,
             provider: Arc::new(provider),
             config,
-            operator: None,
             api,
-            metrics: None,
-            _ca_file: ca_file,
+            ca_file,
         }
     }
 
+    fn into_env(
+        self,
+        harness: Arc<Harness>,
+        client: Client,
+        nodes: SimNodes,
+        runner: Arc<dyn CommandRunner>,
+        node_sim: NodeWorld,
+    ) -> Env {
+        Env {
+            node_sim,
+            harness,
+            client,
+            sim: self.sim,
+            nodes,
+            runner,
+            provider: self.provider,
+            config: self.config,
+            operator: None,
+            api: self.api,
+            metrics: None,
+            _ca_file: self.ca_file,
+        }
+    }
+}
+
+impl Env {
     /// A worker node backed by a simulator machine, simulated as the setup says (its
     /// driver pod, if any, comes once it has a GPU). `cpu` is its capacity and
     /// allocatable CPU.
@@ -317,12 +423,32 @@ impl Env {
             )
             .await
             .unwrap();
-        match fabric {
-            Some(fabric) => self
-                .node_sim
-                .add_node_on(name, &machine, options, fabric.clone()),
-            None => self.node_sim.add_node_with(name, &machine, options),
+        match (&self.node_sim, fabric) {
+            (NodeWorld::Sim(sim), Some(fabric)) => {
+                sim.add_node_on(name, &machine, options, fabric.clone())
+            }
+            (NodeWorld::Sim(sim), None) => sim.add_node_with(name, &machine, options),
+            (NodeWorld::Real(_), _) => panic!("the real node is added with add_real_node"),
         }
+        machine
+    }
+
+    /// Backs the real node with a new machine of the fabric simulator: its provider id
+    /// names the machine, and its GPUs follow the fabric. Returns the machine's uuid.
+    pub async fn add_real_node(&self, options: NodeOptions) -> String {
+        let machine = uuid::Uuid::new_v4().to_string();
+        let world = self.node_sim.real();
+        let node = kube_harness::real_node::NODE_NAME;
+        self.sim.add_machine(&machine, node);
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"providerID": format!("fsas-cdi://{machine}")}})),
+            )
+            .await
+            .unwrap();
+        world.add_node(node, &machine, options);
         machine
     }
 
@@ -371,7 +497,7 @@ impl Env {
         let mut operator = Operator::new(
             self.client.clone(),
             self.provider.clone(),
-            Arc::new(self.nodes.clone()),
+            self.runner.clone(),
             self.config.clone(),
         );
         let addrs = operator.bind().await.expect("listeners");

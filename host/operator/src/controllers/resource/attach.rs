@@ -3,13 +3,15 @@
 use cro_api::{ComposableResource, ResourceState, ResourceType};
 use cro_runtime::domain::AddOutcome;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::{Outcome, adopt, exposure};
 use crate::error::ReconcileError;
-use crate::nodeops::{Discovery, driver};
+use crate::nodeops::{Discovery, ExposureMode, driver};
+use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch::{self, ResourceStatusPatch};
 use crate::plumbing::reconcile::Step;
@@ -25,11 +27,37 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
         return Ok((step, Some(res)));
     }
     if let Some(discovery) = driver
-        && let Some(step) = node_exposure(ctx, discovery, &res).await?
+        && let Some(wait) = node_exposure(ctx, discovery, &res).await?
     {
-        return Ok((step, Some(res)));
+        let res = report_wait(ctx, res, &wait).await?;
+        return Ok((Step::requeue(ctx.config.timings.poll_interval), Some(res)));
     }
     online(ctx, res).await
+}
+
+/// What an attach waits for on the node, as the Ready condition says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wait {
+    /// [`conditions::WAITING_FOR_DRIVER`] or [`conditions::WAITING_FOR_DEVICE`].
+    reason: &'static str,
+    message: String,
+}
+
+/// Writes the wait into the Ready condition (not `status.error`: nothing failed), unless
+/// it says so already; logged when it changes.
+async fn report_wait(
+    ctx: &Context,
+    res: ComposableResource,
+    wait: &Wait,
+) -> Result<ComposableResource, ReconcileError> {
+    let Some(update) = conditions::wait_patch(&res, wait.reason, &wait.message, Timestamp::now())
+    else {
+        tracing::debug!(reason = wait.reason, "{}", wait.message);
+        return Ok(res);
+    };
+    tracing::info!(reason = wait.reason, "{}", wait.message);
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
+    patch::status(&api, &res, &update, false).await
 }
 
 /// The node's GPU driver, for a GPU (`None` for anything else). A GPU without a driver
@@ -108,40 +136,72 @@ async fn fabric_attach(
 }
 
 /// Waits for the node's driver and for the GPU to be exposed the way the mode asks;
-/// `Some(step)` while it is not yet.
+/// `Some(wait)` while it is not yet (rechecked every poll interval, and at once when the
+/// node's driver pod turns Ready).
 async fn node_exposure(
     ctx: &Context,
     discovery: Discovery,
     res: &ComposableResource,
-) -> Result<Option<Step>, ReconcileError> {
-    let poll = ctx.config.timings.poll_interval;
+) -> Result<Option<Wait>, ReconcileError> {
     let name = res.name_any();
+    let node = &res.spec.target_node;
     let driver = match discovery {
         Discovery::Ready(driver) => driver,
-        Discovery::ContainerPending { pod } => {
-            tracing::info!(node = %res.spec.target_node, pod = pod.as_deref().unwrap_or("(not scheduled yet)"),
-                "waiting for the GPU operator's driver pod to be Ready");
-            return Ok(Some(Step::requeue(poll)));
-        }
+        Discovery::ContainerPending { pod } => return Ok(Some(driver_wait(node, pod.as_deref()))),
     };
     let uuid = res.device_id().unwrap_or_default().to_owned();
     let seen = exposure::visible(ctx, &driver, &uuid).await?;
     match (ctx.config.mode, seen) {
         // The device plugin only reports GPUs the driver already lists.
-        (crate::nodeops::ExposureMode::DevicePlugin, true) => {
+        (ExposureMode::DevicePlugin, true) => {
             exposure::rescan(ctx, &driver, &name, true).await?;
         }
-        (crate::nodeops::ExposureMode::DevicePlugin, false) => {
-            tracing::debug!(gpu = %uuid, "GPU not listed on the node yet");
-            return Ok(Some(Step::requeue(poll)));
-        }
-        (crate::nodeops::ExposureMode::Dra, true) => {}
-        (crate::nodeops::ExposureMode::Dra, false) => {
-            exposure::rescan(ctx, &driver, &name, true).await?;
-            return Ok(Some(Step::requeue(poll)));
+        (ExposureMode::Dra, true) => {}
+        (mode, false) => {
+            if mode == ExposureMode::Dra {
+                exposure::rescan(ctx, &driver, &name, true).await?;
+            }
+            return Ok(Some(device_wait(
+                mode,
+                node,
+                &uuid,
+                &driver.pod.to_string(),
+            )));
         }
     }
     Ok(None)
+}
+
+/// The wait for the GPU operator's driver pod on `node` (`pod`: its name, if it is
+/// scheduled).
+fn driver_wait(node: &str, pod: Option<&str>) -> Wait {
+    Wait {
+        reason: conditions::WAITING_FOR_DRIVER,
+        message: match pod {
+            Some(pod) => {
+                format!("waiting for the NVIDIA driver pod on node {node} (pod {pod} not Ready)")
+            }
+            None => format!(
+                "waiting for the NVIDIA driver pod on node {node} (not scheduled yet: the GPU operator schedules it once the node has a GPU)"
+            ),
+        },
+    }
+}
+
+/// The wait for GPU `uuid` to show up where `mode` looks for it (`pod`: the driver pod
+/// nvidia-smi runs in).
+fn device_wait(mode: ExposureMode, node: &str, uuid: &str, pod: &str) -> Wait {
+    Wait {
+        reason: conditions::WAITING_FOR_DEVICE,
+        message: match mode {
+            ExposureMode::DevicePlugin => format!(
+                "waiting for GPU {uuid} to show up on node {node} (nvidia-smi in pod {pod} does not list it yet)"
+            ),
+            ExposureMode::Dra => format!(
+                "waiting for GPU {uuid} in node {node}'s ResourceSlice (the DRA kubelet plugin has not published it yet)"
+            ),
+        },
+    }
 }
 
 /// Marks the resource Online; its health is checked from now on.
@@ -237,4 +297,41 @@ fn fabric_machine_note(res: &ComposableResource, machine: &str) -> Option<String
     }
     record.fabric_machine = Some(machine.to_owned());
     Some(record.to_annotation())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_name_the_node_the_pod_and_the_gpu() {
+        let w = driver_wait("n1", Some("nvidia-driver-daemonset-x7k2p"));
+        assert_eq!(w.reason, "WaitingForDriver");
+        assert_eq!(
+            w.message,
+            "waiting for the NVIDIA driver pod on node n1 (pod nvidia-driver-daemonset-x7k2p not Ready)"
+        );
+        assert!(
+            driver_wait("n1", None)
+                .message
+                .contains("not scheduled yet"),
+            "{w:?}"
+        );
+        let w = device_wait(
+            ExposureMode::DevicePlugin,
+            "n1",
+            "GPU-1",
+            "gpu-operator/nvidia-driver-x",
+        );
+        assert_eq!(w.reason, "WaitingForDevice");
+        assert!(
+            w.message.contains("GPU GPU-1")
+                && w.message.contains("node n1")
+                && w.message
+                    .contains("nvidia-smi in pod gpu-operator/nvidia-driver-x"),
+            "{w:?}"
+        );
+        let w = device_wait(ExposureMode::Dra, "n1", "GPU-1", "p");
+        assert!(w.message.contains("node n1's ResourceSlice"), "{w:?}");
+    }
 }

@@ -1,0 +1,532 @@
+//! The node setups on a real node (docs/real-node.md): a kubelet and containerd run the
+//! GPU operator's driver, the device plugin (a real one: the kubelet writes the node's
+//! `nvidia.com/gpu` capacity), DCGM, the DRA kubelet plugin and cro's node agent as real
+//! pods of the stand-in image, and every node command of the operator goes through the
+//! API server's real `pods/exec` (`KubeExecRunner`). One real node runs at a time on a
+//! machine: each test waits for the previous one's teardown.
+
+use std::time::Duration;
+
+use cro_api::ComposabilityRequest;
+use cro_operator::nodeops::{CommandRunner, KubeExecRunner, NodeOpsError, PodRef};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube_harness::real_node::{NODE_NAME, STANDIN_IMAGE};
+use node_sim::ExecFault;
+use serde_json::json;
+
+use crate::common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup};
+use crate::common::{CONVERGE, Env, GPU_NS, MODEL, eventually};
+
+const GO_README_REQUEST: &str = include_str!("../../../api/tests/fixtures/go-readme-request.yaml");
+const WORKLOAD_NS: &str = "default";
+
+/// The Go operator's README request, aimed at the real node.
+fn go_readme_request() -> ComposabilityRequest {
+    let mut request: ComposabilityRequest =
+        serde_yaml::from_str(GO_README_REQUEST).expect("the Go README request");
+    request.spec.resource.target_node = Some(NODE_NAME.into());
+    request
+}
+
+async fn apply_go_readme_request(env: &Env) -> String {
+    let request = go_readme_request();
+    let name = request.name_any();
+    env.requests()
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
+    name
+}
+
+/// The node's `nvidia.com/gpu` capacity, as the kubelet wrote it.
+async fn gpu_capacity(env: &Env) -> Option<String> {
+    Api::<Node>::all(env.client.clone())
+        .get(NODE_NAME)
+        .await
+        .ok()?
+        .status?
+        .capacity?
+        .get("nvidia.com/gpu")
+        .map(|q| q.0.clone())
+}
+
+/// A pod that asks the kubelet for one `nvidia.com/gpu` and prints the device it got.
+async fn start_gpu_workload(env: &Env, name: &str) -> Pod {
+    let url = env.node_sim.real().standin.url();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS, "labels": {"cro.test/gpu-workload": "true"}},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "cuda", "image": STANDIN_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/node-standin", "pause", "--announce", "workload",
+                    "--print-env", "NVIDIA_VISIBLE_DEVICES"],
+                "env": [
+                    {"name": "CRO_STANDIN_URL", "value": url},
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                ],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    env.node_sim
+        .real()
+        .node
+        .wait_default_service_account(WORKLOAD_NS)
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually(&format!("workload {name} Running"), CONVERGE, || async {
+        let p = pods.get(name).await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+}
+
+/// The GPU the workload's container was given, read from its own output.
+async fn workload_gpu(env: &Env, name: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    eventually("the workload's device in its log", CONVERGE, || async {
+        let log = pods.logs(name, &LogParams::default()).await.ok()?;
+        log.lines()
+            .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    })
+    .await
+}
+
+async fn delete_pod_and_wait(env: &Env, namespace: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), namespace);
+    let _ = pods.delete(name, &DeleteParams::default()).await;
+    eventually(&format!("pod {name} gone"), CONVERGE, || async {
+        pods.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Every command the operator sent reached a real pod through the API server's exec and
+/// was answered there; none was answered in-process. Returns how many.
+fn assert_all_commands_through_exec(env: &Env) -> usize {
+    let through_exec = env.node_sim.real().standin.exec_answered();
+    let all = env.nodes.commands();
+    assert!(!through_exec.is_empty(), "no node command reached a pod");
+    assert_eq!(
+        all.len(),
+        through_exec.len(),
+        "commands answered in-process on a real node: {all:?} vs {through_exec:?}"
+    );
+    env.assert_known_commands();
+    through_exec.len()
+}
+
+/// Distinct programs (with their first argument) the operator ran, for the test's output.
+fn command_kinds(env: &Env) -> Vec<String> {
+    let mut kinds: Vec<String> = env
+        .node_sim
+        .real()
+        .standin
+        .exec_answered()
+        .iter()
+        .map(|(_, argv)| argv.iter().take(2).cloned().collect::<Vec<_>>().join(" "))
+        .map(|s| s.chars().take(40).collect())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
+}
+
+/// The Go README request attaches, grows, shrinks and is deleted on a real node whose
+/// GPU operator driver and device plugin are real pods; a workload Pod asking the
+/// kubelet for `nvidia.com/gpu` runs on an attached GPU, and deleting the request waits
+/// for that Pod before the GPU leaves the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_gpu_operator_device_plugin_go_readme_flow() {
+    let mut env = Env::start_real(NodeSetup::gpu_operator()).await;
+    let machine = env.add_real_node(NodeOptions::default()).await;
+    env.sim.add_free_devices("gpu", MODEL, 3);
+    env.start_operator().await;
+
+    let name = apply_go_readme_request(&env).await;
+    env.wait_running(&name, 2).await;
+    assert_eq!(env.gpus_on(&machine).len(), 2);
+    // The kubelet's own capacity, from the device plugin's registration.
+    eventually("the kubelet reports 2 GPUs", CONVERGE, || async {
+        (gpu_capacity(&env).await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+
+    let mut spec = go_readme_request().spec.resource;
+    spec.size = 3;
+    env.set_request(&name, &spec).await;
+    env.wait_running(&name, 3).await;
+    spec.size = 1;
+    env.set_request(&name, &spec).await;
+    env.wait_running(&name, 1).await;
+    eventually("the kubelet reports 1 GPU", CONVERGE, || async {
+        (gpu_capacity(&env).await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+
+    start_gpu_workload(&env, "cuda-job").await;
+    let gpu = workload_gpu(&env, "cuda-job").await;
+    assert_eq!(
+        vec![gpu.clone()],
+        env.gpus_on(&machine),
+        "the workload got the attached GPU"
+    );
+
+    // Deleting the request must wait for the workload: the GPU stays attached and its
+    // resource says why.
+    env.requests()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let blocked = eventually("the detach waits for the workload", CONVERGE, || async {
+        let r = env.resources_of(&name).await.into_iter().next()?;
+        let error = r.status.as_ref()?.error.clone();
+        error.contains("busy").then_some(error)
+    })
+    .await;
+    assert!(blocked.contains(&gpu), "{blocked}");
+    assert_eq!(env.gpus_on(&machine), vec![gpu.clone()]);
+    delete_pod_and_wait(&env, WORKLOAD_NS, "cuda-job").await;
+    eventually("the request is gone", CONVERGE, || async {
+        (env.request(&name).await.is_none() && env.resources_of(&name).await.is_empty())
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+    let count = assert_all_commands_through_exec(&env);
+    eprintln!(
+        "real node (GPU operator, device plugin): {count} node commands, all through pods/exec: {:?}",
+        command_kinds(&env)
+    );
+    env.stop_operator().await.unwrap();
+}
+
+/// A driver on the host: the node agent is a real pod, every command runs through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_host_driver_through_the_node_agent() {
+    let mut env = Env::start_real(NodeSetup::new(DriverKind::Host, Exposure::DevicePlugin)).await;
+    let machine = env.add_real_node(NodeOptions::default()).await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    env.start_operator().await;
+    let name = apply_go_readme_request(&env).await;
+    env.wait_running(&name, 2).await;
+    assert_eq!(env.gpus_on(&machine).len(), 2);
+    env.delete_request(&name).await;
+    env.assert_nothing_attached().await;
+    let count = assert_all_commands_through_exec(&env);
+    let kinds = command_kinds(&env);
+    assert!(
+        kinds.iter().all(|k| k.starts_with("chroot")),
+        "host-driver commands go through the agent's chroot: {kinds:?}"
+    );
+    eprintln!("real node (host driver, node agent): {count} node commands: {kinds:?}");
+    env.stop_operator().await.unwrap();
+}
+
+/// DRA, the current chart's naming: the kubelet plugin stand-in is a real pod; the
+/// operator restarts it after an attach and waits for the node's ResourceSlice to list
+/// the GPU, and taints a leaving GPU with a DeviceTaintRule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_gpu_operator_with_dra() {
+    dra_flow(DraNaming::Current).await;
+}
+
+/// DRA with the v0.2.0 chart's naming of the kubelet plugin's pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_gpu_operator_with_dra_v020_naming() {
+    dra_flow(DraNaming::V020).await;
+}
+
+async fn dra_flow(naming: DraNaming) {
+    let setup = NodeSetup::new(DriverKind::GpuOperator, Exposure::Dra(naming));
+    let plugin = setup
+        .dra_plugin_daemonset()
+        .expect("a DRA setup has a kubelet plugin");
+    let mut env = Env::start_real(setup).await;
+    let machine = env.add_real_node(NodeOptions::default()).await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    // The plugin's first slice (no GPU yet): from here on only a restart publishes the
+    // attached GPUs, which the operator must cause.
+    eventually("the kubelet plugin's first slice", CONVERGE, || async {
+        node_sim::slice_api(&env.client)
+            .get_opt(&node_sim::slice_name(NODE_NAME))
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
+    env.start_operator().await;
+    let name = apply_go_readme_request(&env).await;
+    env.wait_running(&name, 2).await;
+    assert_eq!(env.gpus_on(&machine).len(), 2);
+    assert!(
+        env.node_sim.restarts(plugin, NODE_NAME) >= 1,
+        "the operator restarted the kubelet plugin after attaching"
+    );
+    env.delete_request(&name).await;
+    env.assert_nothing_attached().await;
+    let count = assert_all_commands_through_exec(&env);
+    eprintln!(
+        "real node (GPU operator, DRA, {plugin}): {count} node commands: {:?}",
+        command_kinds(&env)
+    );
+    env.stop_operator().await.unwrap();
+}
+
+/// The driver pod the operator execs into on the real node.
+async fn driver_pod(env: &Env) -> PodRef {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), GPU_NS);
+    let pod = eventually("a Ready driver pod", CONVERGE, || async {
+        pods.list(
+            &ListParams::default()
+                .labels("app.kubernetes.io/component=nvidia-driver")
+                .fields(&format!("spec.nodeName={NODE_NAME}")),
+        )
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(cro_operator::nodeops::running_and_ready)
+    })
+    .await;
+    PodRef {
+        namespace: GPU_NS.into(),
+        name: pod.name_any(),
+        node: NODE_NAME.into(),
+        container: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .map(|c| c.name.clone()),
+    }
+}
+
+fn standin(env: &Env) -> &node_sim::Standin {
+    &env.node_sim.real().standin
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+/// What only a real kubelet does to an exec, each case with its typed outcome
+/// (docs/node-operations.md, "When exec fails"), then the operator living through a
+/// killed command: its resource shows the error and the retry attaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_exec_failures_are_typed_and_retried() {
+    let mut env = Env::start_real(NodeSetup::gpu_operator()).await;
+    env.add_real_node(NodeOptions::default()).await;
+    env.sim.add_free_devices("gpu", MODEL, 2);
+    // A GPU on the node brings the driver pod; the operator is stopped while the runner
+    // is tested alone.
+    env.start_operator().await;
+    let mut spec = go_readme_request().spec.resource;
+    spec.size = 1;
+    env.create_request("exec", spec.clone()).await;
+    env.wait_running("exec", 1).await;
+    env.stop_operator().await.unwrap();
+    let pod = driver_pod(&env).await;
+    let runner = KubeExecRunner::new(env.client.clone()).with_timeout(Duration::from_secs(3));
+    let smi = argv(&[
+        "nvidia-smi",
+        "--query-gpu=gpu_uuid",
+        "--format=csv,noheader,nounits",
+    ]);
+
+    // A plain answer first: the path works.
+    let out = runner.run(&pod, &smi).await.unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    assert!(
+        out.stdout.starts_with("GPU-") || !out.stdout.is_empty(),
+        "{out:?}"
+    );
+
+    // Non-zero exit with output: an answer, for the caller to judge.
+    standin(&env).inject(
+        &["nvidia-smi"],
+        ExecFault::reply("partial\n", "fatal: lost\n", 3),
+    );
+    let out = runner.run(&pod, &smi).await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str(), out.stderr.as_str()),
+        (3, "partial\n", "fatal: lost\n")
+    );
+
+    // Output on stderr only, exit 0.
+    standin(&env).inject(
+        &["nvidia-smi"],
+        ExecFault::reply("", "WARNING: infoROM corrupted\n", 0),
+    );
+    let out = runner.run(&pod, &smi).await.unwrap();
+    assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""));
+    assert!(out.stderr.contains("infoROM"), "{out:?}");
+
+    // A command killed by a signal.
+    standin(&env).inject(&["nvidia-smi"], ExecFault::Signal(9));
+    let err = runner.run(&pod, &smi).await.unwrap_err();
+    assert!(
+        matches!(err, NodeOpsError::Killed { signal: 9, .. }),
+        "{err:?}"
+    );
+
+    // No answer within the runner's limit.
+    standin(&env).inject(&["nvidia-smi"], ExecFault::Hang);
+    let err = runner.run(&pod, &smi).await.unwrap_err();
+    assert!(matches!(err, NodeOpsError::ExecTimeout { .. }), "{err:?}");
+    standin(&env).clear_faults();
+
+    // The kubelet restarting mid-command: the stream ends without an exit status.
+    standin(&env).inject(&["nvidia-smi"], ExecFault::Hang);
+    let seen = standin(&env).exec_received().len();
+    let long = {
+        let runner = KubeExecRunner::new(env.client.clone()).with_timeout(CONVERGE);
+        let (pod, smi) = (pod.clone(), smi.clone());
+        tokio::spawn(async move { runner.run(&pod, &smi).await })
+    };
+    wait_exec_started(&env, seen, "nvidia-smi", &long).await;
+    env.node_sim
+        .real_mut()
+        .node
+        .restart_kubelet()
+        .await
+        .unwrap();
+    let err = long.await.unwrap().unwrap_err();
+    assert!(matches!(err, NodeOpsError::Interrupted { .. }), "{err:?}");
+    standin(&env).clear_faults();
+    // The restarted kubelet takes its pods back before it serves exec into them again.
+    eventually(
+        "exec works after the kubelet's restart",
+        CONVERGE,
+        || async {
+            runner
+                .run(&pod, &smi)
+                .await
+                .ok()
+                .filter(|o| o.exit_code == 0)
+        },
+    )
+    .await;
+
+    // The pod deleted mid-exec.
+    standin(&env).inject(&["nvidia-smi"], ExecFault::Hang);
+    let seen = standin(&env).exec_received().len();
+    let long = {
+        let runner = KubeExecRunner::new(env.client.clone()).with_timeout(CONVERGE);
+        let (pod, smi) = (pod.clone(), smi.clone());
+        tokio::spawn(async move { runner.run(&pod, &smi).await })
+    };
+    wait_exec_started(&env, seen, "nvidia-smi", &long).await;
+    Api::<Pod>::namespaced(env.client.clone(), GPU_NS)
+        .delete(&pod.name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let err = long.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            NodeOpsError::Interrupted { .. }
+                | NodeOpsError::PodDeleted { .. }
+                | NodeOpsError::PodNotFound { .. }
+        ),
+        "{err:?}"
+    );
+    standin(&env).clear_faults();
+
+    // A container that is not running: exec is refused before anything runs.
+    let not_running = driver_pod_not_running(&env).await;
+    let err = runner.run(&not_running, &smi).await.unwrap_err();
+    assert!(
+        matches!(err, NodeOpsError::ContainerNotRunning { .. }),
+        "{err:?}"
+    );
+
+    // Through the operator: a killed query shows in the resource and the retry attaches.
+    delete_pod_and_wait(&env, GPU_NS, "never-starts").await;
+    standin(&env).inject(&["nvidia-smi"], ExecFault::Signal(9));
+    env.start_operator().await;
+    spec.size = 2;
+    env.set_request("exec", &spec).await;
+    env.wait_running("exec", 2).await;
+    env.delete_request("exec").await;
+    env.assert_nothing_attached().await;
+    assert_all_commands_through_exec(&env);
+    env.stop_operator().await.unwrap();
+}
+
+/// Waits until the stand-in service has received (after the first `seen` execs) an exec
+/// of `program`, which it holds.
+async fn wait_exec_started<T>(
+    env: &Env,
+    seen: usize,
+    program: &str,
+    exec: &tokio::task::JoinHandle<T>,
+) {
+    eventually("the exec reached the pod", CONVERGE, || async {
+        // An exec that ended before reaching the pod: the caller's assertion says how.
+        if exec.is_finished() {
+            return Some(());
+        }
+        let now = standin(env).exec_received();
+        now.iter()
+            .skip(seen)
+            .any(|(_, argv)| argv.first().map(String::as_str) == Some(program))
+            .then_some(())
+    })
+    .await;
+    // Let the stream settle before the test breaks it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// A pod of the driver's shape whose container never starts (its image does not exist
+/// and cannot be pulled).
+async fn driver_pod_not_running(env: &Env) -> PodRef {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), GPU_NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "never-starts", "namespace": GPU_NS},
+        "spec": {"hostNetwork": true, "containers": [{"name": "ctr",
+            "image": "cro.local/absent:none", "imagePullPolicy": "Never"}]},
+    }))
+    .unwrap();
+    env.node_sim
+        .real()
+        .node
+        .wait_default_service_account(GPU_NS)
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("the pod is on the node, not running", CONVERGE, || async {
+        let p = pods.get("never-starts").await.ok()?;
+        let waiting = p
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .state
+            .as_ref()?
+            .waiting
+            .is_some();
+        waiting.then_some(())
+    })
+    .await;
+    PodRef {
+        namespace: GPU_NS.into(),
+        name: "never-starts".into(),
+        node: NODE_NAME.into(),
+        container: Some("ctr".into()),
+    }
+}
