@@ -10,6 +10,7 @@
 #
 # Prints the directory holding both binaries as the last line of stdout.
 set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 K8S_VERSION="${CRO_K8S_VERSION:-v1.36.3}"
 CACHE_ROOT="${CRO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cro}"
@@ -74,27 +75,13 @@ rm -rf "$WORK"
 mkdir -p "$WORK" "$BIN_DIR.tmp"
 cd "$WORK"
 
-# k8s.io/kubernetes points every staging module at ./staging/...; outside its own tree
-# those must be pinned to the published v0.X.Y of the same release. The list comes from
-# the module's own go.mod so it follows the version without hand edits.
+# The staging modules' published version (k8s-module.sh pins them to it).
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
 t0=$(date +%s)
-cat > go.mod <<GOMOD
-module cro.local/controlplane
-
-go 1.26.0
-GOMOD
-GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$K8S_VERSION" > download.json
-KMOD=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' download.json)
-[[ -f "$KMOD" ]] || { log "could not find the go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-{
-  echo "require k8s.io/kubernetes $K8S_VERSION"
-  echo "replace ("
-  grep -E '^[[:space:]]*k8s\.io/[^ ]+ => \./staging/' "$KMOD" \
-    | awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
-  echo ")"
-} >> go.mod
+# shellcheck source=tests/control-plane/k8s-module.sh
+source "$SCRIPT_DIR/k8s-module.sh"
+k8s_module cro.local/controlplane
 cat > tools.go <<'GOSRC'
 //go:build tools
 

@@ -7,6 +7,7 @@
 # CRO_KUBE_NODE_BIN_DIR naming a directory that holds all four skips the build.
 # Prints the directory holding the four binaries as the last line of stdout.
 set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 K8S_VERSION="${CRO_K8S_VERSION:-v1.36.3}"
 CACHE_ROOT="${CRO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cro}"
@@ -41,22 +42,11 @@ rm -rf "$WORK" "$BIN_DIR.tmp"
 mkdir -p "$WORK" "$BIN_DIR.tmp"
 cd "$WORK"
 
-# The same module set-up as ensure-binaries.sh: k8s.io/kubernetes with every staging
-# module pinned to its published v0.X.Y.
-STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
 t0=$(date +%s)
-printf 'module cro.local/nodebinaries\n\ngo 1.26.0\n' > go.mod
-GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$K8S_VERSION" > download.json
-KMOD=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' download.json)
-[[ -f "$KMOD" ]] || { log "could not find the go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-{
-  echo "require k8s.io/kubernetes $K8S_VERSION"
-  echo "replace ("
-  grep -E '^[[:space:]]*k8s\.io/[^ ]+ => \./staging/' "$KMOD" \
-    | awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
-  echo ")"
-} >> go.mod
+# shellcheck source=tests/control-plane/k8s-module.sh
+source "$SCRIPT_DIR/k8s-module.sh"
+k8s_module cro.local/nodebinaries
 cat > tools.go <<'GOSRC'
 //go:build tools
 

@@ -353,37 +353,7 @@ async fn start_etcd(
 
 fn apiserver_args(port: u16, etcd_port: u16, f: &CredentialFiles, profile: Profile) -> Vec<String> {
     let p = |path: &Path| path.display().to_string();
-    if profile == Profile::RealNode {
-        return vec![
-            "--advertise-address=127.0.0.1".to_owned(),
-            "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={port}"),
-            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            format!("--tls-cert-file={}", p(&f.serving_cert)),
-            format!("--tls-private-key-file={}", p(&f.serving_key)),
-            format!("--client-ca-file={}", p(&f.ca)),
-            format!("--token-auth-file={}", p(&f.tokens)),
-            "--authorization-mode=Node,RBAC".to_owned(),
-            "--enable-admission-plugins=NodeRestriction".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{port}"),
-            format!("--service-account-key-file={}", p(&f.sa_public)),
-            format!("--service-account-signing-key-file={}", p(&f.sa_key)),
-            // A loopback range: the `kubernetes` Service's address is never routable.
-            "--service-cluster-ip-range=127.96.0.0/16".to_owned(),
-            "--endpoint-reconciler-type=none".to_owned(),
-            format!("--kubelet-client-certificate={}", p(&f.kubelet_client_cert)),
-            format!("--kubelet-client-key={}", p(&f.kubelet_client_key)),
-            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
-            "--enable-aggregator-routing=true".to_owned(),
-            // DRA's DeviceTaintRules (what cro's DRA mode taints a leaving GPU with) are
-            // off by default in 1.36, as is the version that serves them.
-            format!("--feature-gates={}", crate::real_node::FEATURE_GATES),
-            "--runtime-config=resource.k8s.io/v1beta2=true".to_owned(),
-            "--allow-privileged=true".to_owned(),
-            "--profiling=false".to_owned(),
-        ];
-    }
-    vec![
+    let mut args = vec![
         "--advertise-address=127.0.0.1".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),
@@ -392,18 +362,37 @@ fn apiserver_args(port: u16, etcd_port: u16, f: &CredentialFiles, profile: Profi
         format!("--tls-private-key-file={}", p(&f.serving_key)),
         format!("--client-ca-file={}", p(&f.ca)),
         format!("--token-auth-file={}", p(&f.tokens)),
-        "--authorization-mode=RBAC".to_owned(),
         format!("--service-account-issuer=https://127.0.0.1:{port}"),
         format!("--service-account-key-file={}", p(&f.sa_public)),
         format!("--service-account-signing-key-file={}", p(&f.sa_key)),
-        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
         // Loopback addresses are not valid endpoints for the `kubernetes` Service.
         "--endpoint-reconciler-type=none".to_owned(),
-        // No controller-manager creates service-account tokens.
-        "--disable-admission-plugins=ServiceAccount".to_owned(),
         "--allow-privileged=true".to_owned(),
         "--profiling=false".to_owned(),
-    ]
+    ];
+    match profile {
+        Profile::ApiOnly => args.extend([
+            "--authorization-mode=RBAC".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            // No controller-manager creates service-account tokens.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+        ]),
+        Profile::RealNode => args.extend([
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            // A loopback range: the `kubernetes` Service's address is never routable.
+            "--service-cluster-ip-range=127.96.0.0/16".to_owned(),
+            format!("--kubelet-client-certificate={}", p(&f.kubelet_client_cert)),
+            format!("--kubelet-client-key={}", p(&f.kubelet_client_key)),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+            "--enable-aggregator-routing=true".to_owned(),
+            // DRA's DeviceTaintRules (what cro's DRA mode taints a leaving GPU with) are
+            // off by default in 1.36, as is the version that serves them.
+            format!("--feature-gates={}", crate::real_node::FEATURE_GATES),
+            "--runtime-config=resource.k8s.io/v1beta2=true".to_owned(),
+        ]),
+    }
+    args
 }
 
 fn kubeconfig_yaml(server_url: &str, c: &Credentials) -> String {

@@ -19,7 +19,8 @@
 //! ```
 //!
 //! There is no controller-manager: no garbage collection of owner references and no
-//! namespace finalization. Tests must not rely on them.
+//! namespace finalization. Tests must not rely on them. [`real_node`] is the other world:
+//! a whole one-node cluster (controller-manager, scheduler, containerd, a kubelet).
 //!
 //! Environment: `CRO_KUBE_APISERVER` + `CRO_ETCD`, `KUBEBUILDER_ASSETS`, `CRO_CACHE_DIR`,
 //! `CRO_K8S_VERSION` (see [`binaries`]), `CRO_TEST_STARTUP_TIMEOUT_SECS` (default 180),

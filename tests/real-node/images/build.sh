@@ -54,11 +54,15 @@ write_image() {
   printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%d,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"},"platform":{"architecture":"amd64","os":"linux"}}]}' \
     "$manifest_digest" "${#manifest}" "$name" "$name" > "$work/index.json"
   printf '{"imageLayoutVersion":"1.0.0"}' > "$work/oci-layout"
-  local file="$OUT/$(echo "$name" | tr '/:' '__')-$manifest_digest.tar"
+  local prefix file
+  prefix="$OUT/$(echo "$name" | tr '/:' '__')"
+  file="$prefix-$manifest_digest.tar"
   if [[ ! -f "$file" ]]; then
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work" -cf "$file.tmp" oci-layout index.json blobs
     mv "$file.tmp" "$file"
   fi
+  # Archives of earlier builds of the same image are never used again.
+  find "$OUT" -maxdepth 1 -name "$(basename "$prefix")-*.tar" ! -path "$file" -delete
   rm -rf "$work"
   echo "$file"
 }

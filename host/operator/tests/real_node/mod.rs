@@ -390,13 +390,7 @@ async fn real_node_exec_failures_are_typed_and_retried() {
 
     // The kubelet restarting mid-command: the stream ends without an exit status.
     standin(&env).inject(&["nvidia-smi"], ExecFault::Hang);
-    let seen = standin(&env).exec_received().len();
-    let long = {
-        let runner = KubeExecRunner::new(env.client.clone()).with_timeout(CONVERGE);
-        let (pod, smi) = (pod.clone(), smi.clone());
-        tokio::spawn(async move { runner.run(&pod, &smi).await })
-    };
-    wait_exec_started(&env, seen, "nvidia-smi", &long).await;
+    let long = held_exec(&env, &pod, &smi).await;
     env.node_sim
         .real_mut()
         .node
@@ -422,13 +416,7 @@ async fn real_node_exec_failures_are_typed_and_retried() {
 
     // The pod deleted mid-exec.
     standin(&env).inject(&["nvidia-smi"], ExecFault::Hang);
-    let seen = standin(&env).exec_received().len();
-    let long = {
-        let runner = KubeExecRunner::new(env.client.clone()).with_timeout(CONVERGE);
-        let (pod, smi) = (pod.clone(), smi.clone());
-        tokio::spawn(async move { runner.run(&pod, &smi).await })
-    };
-    wait_exec_started(&env, seen, "nvidia-smi", &long).await;
+    let long = held_exec(&env, &pod, &smi).await;
     Api::<Pod>::namespaced(env.client.clone(), GPU_NS)
         .delete(&pod.name, &DeleteParams::default().grace_period(0))
         .await
@@ -464,6 +452,23 @@ async fn real_node_exec_failures_are_typed_and_retried() {
     env.assert_nothing_attached().await;
     assert_all_commands_through_exec(&env);
     env.stop_operator().await.unwrap();
+}
+
+/// Starts `command` in `pod` (whose answer the stand-in holds) and returns once the pod
+/// has it, so the test can break the exec while it runs.
+async fn held_exec(
+    env: &Env,
+    pod: &PodRef,
+    command: &[String],
+) -> tokio::task::JoinHandle<Result<cro_operator::nodeops::ExecOutput, NodeOpsError>> {
+    let seen = standin(env).exec_received().len();
+    let exec = {
+        let runner = KubeExecRunner::new(env.client.clone()).with_timeout(CONVERGE);
+        let (pod, command) = (pod.clone(), command.to_vec());
+        tokio::spawn(async move { runner.run(&pod, &command).await })
+    };
+    wait_exec_started(env, seen, &command[0], &exec).await;
+    exec
 }
 
 /// Waits until the stand-in service has received (after the first `seen` execs) an exec

@@ -37,10 +37,7 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The host as it was before the node started.
 #[derive(Debug, Clone)]
-pub(crate) struct HostState {
-    sysctls: BTreeMap<String, String>,
-    entries: BTreeMap<String, BTreeSet<String>>,
-}
+pub(crate) struct HostState(SavedForCheck);
 
 /// What teardown could not undo; empty when the host is as it was.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -121,16 +118,7 @@ fn dir_entries(dir: &str) -> BTreeSet<String> {
 impl HostState {
     /// Reads what the run will change and records it for a sweep after a crash.
     pub(crate) fn save(paths: &Paths) -> Result<Self, RealNodeError> {
-        let state = Self {
-            sysctls: SYSCTLS
-                .iter()
-                .filter_map(|s| Some((s.to_string(), read_sysctl(s)?)))
-                .collect(),
-            entries: WATCHED_DIRS
-                .iter()
-                .map(|d| (d.to_string(), dir_entries(d)))
-                .collect(),
-        };
+        let state = SavedForCheck::now();
         let record = serde_json::json!({
             "root": paths.root,
             "sysctls": state.sysctls,
@@ -138,7 +126,7 @@ impl HostState {
         });
         std::fs::write(STATE_FILE, record.to_string())
             .map_err(io_err(format!("cannot write {STATE_FILE}")))?;
-        Ok(state)
+        Ok(Self(state))
     }
 
     /// Undoes the run's changes; `pids` are the processes it started. Returns what is
@@ -146,21 +134,23 @@ impl HostState {
     pub(crate) fn restore(&self, paths: &Paths, pids: &[u32]) -> Leftovers {
         unmount_under(&paths.root);
         remove_cgroups();
-        for (dir, before) in &self.entries {
+        for (dir, before) in &self.0.entries {
             for entry in dir_entries(dir).difference(before) {
                 let path = Path::new(dir).join(entry);
                 let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
             }
         }
-        for (name, value) in &self.sysctls {
+        for (name, value) in &self.0.sysctls {
             let _ = std::fs::write(Path::new("/proc/sys").join(name), value);
         }
         let _ = std::fs::remove_file(STATE_FILE);
-        self.leftovers(paths, pids)
+        self.0.leftovers(paths, pids)
     }
+}
 
+impl SavedForCheck {
     /// Everything of the run still on the host.
-    pub(crate) fn leftovers(&self, paths: &Paths, pids: &[u32]) -> Leftovers {
+    fn leftovers(&self, paths: &Paths, pids: &[u32]) -> Leftovers {
         let mut left = Vec::new();
         for pid in pids {
             if crate::pid_alive(*pid) {
@@ -195,11 +185,7 @@ impl HostState {
 /// process, mount, cgroup, socket or sysctl of a real node is left on this machine.
 impl Leftovers {
     pub fn check(root: &Path, pids: &[u32], before: &SavedForCheck) -> Leftovers {
-        let host = HostState {
-            sysctls: before.sysctls.clone(),
-            entries: before.entries.clone(),
-        };
-        host.leftovers(&Paths::new(root), pids)
+        before.leftovers(&Paths::new(root), pids)
     }
 }
 

@@ -338,19 +338,8 @@ impl RealNode {
     fn spawn_controller_manager(&self) -> Result<Supervised, RealNodeError> {
         let dir = self.harness_dir();
         let mut cmd = Command::new(self.bins.join("kube-controller-manager"));
+        cmd.args(self.controller_args(self.ports.controller_manager));
         cmd.args([
-            format!("--kubeconfig={}", self.paths.admin_kubeconfig.display()),
-            format!(
-                "--authentication-kubeconfig={}",
-                self.paths.admin_kubeconfig.display()
-            ),
-            format!(
-                "--authorization-kubeconfig={}",
-                self.paths.admin_kubeconfig.display()
-            ),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", self.ports.controller_manager),
-            "--leader-elect=false".into(),
             format!(
                 "--service-account-private-key-file={}",
                 dir.join("sa.key").display()
@@ -367,8 +356,6 @@ impl RealNode {
             ),
             // Quick reactions keep the tests short; nothing here is under load.
             "--node-monitor-period=2s".into(),
-            format!("--feature-gates={FEATURE_GATES}"),
-            "--profiling=false".into(),
         ]);
         spawn_logged(
             "kube-controller-manager",
@@ -379,23 +366,24 @@ impl RealNode {
 
     fn spawn_scheduler(&self) -> Result<Supervised, RealNodeError> {
         let mut cmd = Command::new(self.bins.join("kube-scheduler"));
-        cmd.args([
-            format!("--kubeconfig={}", self.paths.admin_kubeconfig.display()),
-            format!(
-                "--authentication-kubeconfig={}",
-                self.paths.admin_kubeconfig.display()
-            ),
-            format!(
-                "--authorization-kubeconfig={}",
-                self.paths.admin_kubeconfig.display()
-            ),
+        cmd.args(self.controller_args(self.ports.scheduler));
+        spawn_logged("kube-scheduler", cmd, &self.paths.log("kube-scheduler"))
+    }
+
+    /// What the controller-manager and the scheduler share: the admin kubeconfig for
+    /// everything, loopback, one instance (no leader election), the node's feature gates.
+    fn controller_args(&self, port: u16) -> Vec<String> {
+        let kubeconfig = self.paths.admin_kubeconfig.display();
+        vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
             "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", self.ports.scheduler),
+            format!("--secure-port={port}"),
             "--leader-elect=false".into(),
             format!("--feature-gates={FEATURE_GATES}"),
             "--profiling=false".into(),
-        ]);
-        spawn_logged("kube-scheduler", cmd, &self.paths.log("kube-scheduler"))
+        ]
     }
 
     fn spawn_kubelet(&self) -> Result<Supervised, RealNodeError> {
