@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every benchmark of docs/BENCHMARKS.md and writes its report: the provider call
 # path (criterion), convergence and scaling on a real API server with the fabric and
-# node simulators, the operator's memory. The report replaces everything below the
+# node simulators, the operator's memory, and N requests on a real node with the
+# operator as its own process. The report replaces everything below the
 # marker line of docs/BENCHMARKS.md; nothing in it is written by hand.
 #
 #   scripts/bench.sh            # the full run (docs/BENCHMARKS.md says how long)
 #   CRO_BENCH_SIZES="10:5:50 100:50:50" scripts/bench.sh   # other N:M:latency runs
+#   CRO_BENCH_REAL_NODE=5 scripts/bench.sh   # 5 requests on the real node (default 10; 0 skips)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,6 +30,11 @@ START=$(date +%s)
 # N requests : M nodes : fabric latency (ms), as the issue sets them: M = 50 nodes,
 # 50 ms per fabric call.
 SIZES="${CRO_BENCH_SIZES:-10:50:50 100:50:50 1000:50:50}"
+# Requests of 1 GPU on the real node (docs/real-node.md: root, containerd, runc; it
+# waits for the machine-wide real-node lock while a test holds it); 0 skips the stage.
+REAL_NODE="${CRO_BENCH_REAL_NODE:-10}"
+[[ "$REAL_NODE" =~ ^[0-9]+$ ]] || { echo "CRO_BENCH_REAL_NODE must be a number, not $REAL_NODE" >&2; exit 1; }
+REAL_NODE=$((10#$REAL_NODE))
 
 step "control-plane binaries"
 BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
@@ -52,13 +59,19 @@ COMPONENTS_PID=$!
 # share, and wasmtime, cranelift and kube were built a second time (5 min of a 15-minute
 # cold build here). Both executables are then run directly, found in cargo's output.
 executable() { sed -n "s/.*\"executable\":\"\([^\"]*\/$1[^\"/]*\)\".*/\1/p" | tail -n 1; }
+# The operator's own executable, `cro` (host/cli), named exactly (cro-bench also starts
+# with "cro"). The real-node stage runs it as a process of its own; it is built in the
+# same invocation, so its shared dependencies are built once for both.
+exact_executable() { sed -n "s/.*\"executable\":\"\([^\"]*\/$1\)\".*/\1/p" | tail -n 1; }
 if [[ "$PROFILE" == bench ]]; then
-  cargo build --profile bench --locked -p cro-bench -p cro-runtime --bins --bench provider_call \
+  cargo build --profile bench --locked -p cro-bench -p cro -p cro-runtime --bins --bench provider_call \
     --message-format=json-render-diagnostics > "$OUT/build.json"
   BENCH="$(executable cro-bench < "$OUT/build.json")"
+  CRO="$(exact_executable cro < "$OUT/build.json")"
 else
-  cargo build --locked -p cro-bench --message-format=json-render-diagnostics > "$OUT/build.json"
+  cargo build --locked -p cro-bench -p cro --message-format=json-render-diagnostics > "$OUT/build.json"
   BENCH="$(executable cro-bench < "$OUT/build.json")"
+  CRO="$(exact_executable cro < "$OUT/build.json")"
   step "build the criterion benchmark (bench profile)"
   cargo build --profile bench --locked -p cro-runtime --bench provider_call \
     --message-format=json-render-diagnostics > "$OUT/build.json"
@@ -66,6 +79,7 @@ fi
 CRITERION="$(executable provider_call- < "$OUT/build.json")"
 wait "$COMPONENTS_PID" || { cat "$OUT/components.log" >&2; echo "the provider components did not build" >&2; exit 1; }
 [[ -x "$BENCH" ]] || { echo "no cro-bench executable in cargo's output" >&2; exit 1; }
+[[ -x "$CRO" ]] || { echo "no cro executable in cargo's output" >&2; exit 1; }
 [[ -x "$CRITERION" ]] || { echo "no criterion benchmark executable in cargo's output" >&2; exit 1; }
 BUILD_SECONDS=$(( $(date +%s) - BUILD_START ))
 
@@ -84,7 +98,7 @@ python_free_json() { sed 's/\\/\\\\/g; s/"/\\"/g'; }
   printf ',"kube":"%s"' "$(lockver kube)"
   printf ',"apiserver":"%s"' "$(basename "$(dirname "$BIN_DIR")")"
   printf ',"commit":"%s"' "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  printf ',"mode":"cluster runs: %s build, sizes %s; criterion: bench profile, %s"}\n' "$PROFILE" "$SIZES" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-100 samples, 3 s each after 1 s of warm-up}"
+  printf ',"mode":"cluster runs: %s build, sizes %s, real node %s; criterion: bench profile, %s"}\n' "$PROFILE" "$SIZES" "$REAL_NODE" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-100 samples, 3 s each after 1 s of warm-up}"
 } >> "$RESULTS"
 
 # The operator's and simulators' logs stay off: stdout carries the JSON lines.
@@ -107,6 +121,18 @@ for size in $SIZES; do
       "$(tail -n 1 "$OUT/converge-$n.err" | python_free_json)" >> "$RESULTS"
   fi
 done
+
+if [[ "$REAL_NODE" != 0 ]]; then
+  step "real node: $REAL_NODE requests × 1 GPU, node commands through pods/exec, the operator as its own process"
+  # A failed stage is recorded (the report says why: the last line of its error output
+  # that is not a hint, e.g. a missing prerequisite), so the rest of the run still happens.
+  if ! CRO_BENCH_CRO="$CRO" CRO_BENCH_OPERATOR_LOG="$OUT/real-node-operator.log" \
+      "$BENCH" real-node "$REAL_NODE" 2> "$OUT/real-node.err" | grep '^{' >> "$RESULTS"; then
+    why="$(grep -v '^note: ' "$OUT/real-node.err" | tail -n 1 || true)"
+    echo "real-node run failed: $why" >&2
+    printf '{"kind":"real_node_failed","requests":%s,"error":"%s"}\n' "$REAL_NODE" "$(printf '%s' "$why" | python_free_json)" >> "$RESULTS"
+  fi
+fi
 
 step "provider call path (criterion, bench profile)"
 rm -rf "$ROOT/target/criterion"

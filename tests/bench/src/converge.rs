@@ -2,6 +2,7 @@
 //! deletion, API writes and fabric calls per device, the physical limit and what the Go
 //! operator's code would take (gomodel.rs) on the same parameters.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use crate::rss::rss;
 
 /// Longest a phase may take before the run is reported as not converged (seconds;
 /// `CRO_BENCH_PHASE_DEADLINE_S` overrides, as scripts/bench.sh does to fit its budget).
-fn phase_deadline() -> Duration {
+pub(crate) fn phase_deadline() -> Duration {
     Duration::from_secs(
         std::env::var("CRO_BENCH_PHASE_DEADLINE_S")
             .ok()
@@ -39,7 +40,7 @@ struct Counts {
     reads: AtomicU64,
     /// Requests by method and kind (the path's last segment that names a kind), to show
     /// where the API traffic comes from.
-    by_kind: Mutex<std::collections::BTreeMap<String, u64>>,
+    by_kind: Mutex<BTreeMap<String, u64>>,
 }
 
 /// "GET pods" from "/api/v1/namespaces/x/pods/name?…": the method and the plural after
@@ -146,21 +147,17 @@ async fn write_round_trip(client: &kube::Client) -> Result<Duration> {
 /// first object was sent), or (at the phase deadline) how many were still left. `left`
 /// reads the benchmark's own watch caches, so waiting costs the API server nothing (a
 /// LIST of every request and resource four times a second was a large part of its load
-/// at N = 1,000).
-async fn wait_until(
+/// at N = 1,000). `sample` runs on every look (20 a second): it records the RSS peak of
+/// whichever process the caller measures.
+pub(crate) async fn wait_until(
     what: &str,
     start: Instant,
-    peak: &Mutex<u64>,
+    sample: impl Fn(),
     left: impl Fn() -> usize,
 ) -> std::result::Result<Duration, usize> {
     let deadline = phase_deadline();
     loop {
-        {
-            let mut p = peak
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            *p = (*p).max(rss().0);
-        }
+        sample();
         let n = left();
         if n == 0 {
             return Ok(start.elapsed());
@@ -174,7 +171,7 @@ async fn wait_until(
 }
 
 /// A watch cache of every `K`, kept current by a task of its own until the run ends.
-async fn watch_all<K>(api: Api<K>) -> Result<reflector::Store<K>>
+pub(crate) async fn watch_all<K>(api: Api<K>) -> Result<reflector::Store<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug,
     K: serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -206,7 +203,7 @@ struct ApiTraffic {
     writes: u64,
     events: u64,
     reads: u64,
-    by_kind: std::collections::BTreeMap<String, u64>,
+    by_kind: BTreeMap<String, u64>,
 }
 
 impl Counts {
@@ -253,11 +250,20 @@ impl Bench {
     fn progress(&self, what: &str) {
         progress(self.began, what);
     }
+
+    /// Records this process's RSS in the peak (the operator runs in it).
+    fn sample_peak(&self) {
+        let mut p = self
+            .peak
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *p = (*p).max(rss().0);
+    }
 }
 
 /// Where the run's time goes besides the two measured phases (scripts/bench.sh keeps
 /// these lines in target/bench/converge-N.err).
-fn progress(began: Instant, what: &str) {
+pub(crate) fn progress(began: Instant, what: &str) {
     eprintln!("{:7.1} s  {what}", began.elapsed().as_secs_f64());
 }
 
@@ -366,21 +372,22 @@ async fn up_phase(env: &Env, bench: &Bench, n: usize, m: usize) -> Result<(Phase
     // requests while the benchmark still sends the rest (sending 1,000 deletions took
     // 15 s here), so timing from the last one would leave that work out.
     let up_start = Instant::now();
-    create_requests(&bench.requests, n, m).await;
+    create_requests(&bench.requests, n, 2, |i| format!("worker-{:04}", i % m)).await;
     bench.progress(&format!("{n} requests created"));
-    let time = wait_until("all Running", up_start, &bench.peak, || {
-        let running = bench
-            .watched_requests
-            .state()
-            .iter()
-            .filter(|r| {
-                r.status
-                    .as_ref()
-                    .is_some_and(|s| s.state == RequestState::Running)
-            })
-            .count();
-        n.saturating_sub(running)
-    })
+    let time = wait_until(
+        "all Running",
+        up_start,
+        || bench.sample_peak(),
+        || {
+            let running = bench
+                .watched_requests
+                .state()
+                .iter()
+                .filter(|r| is_running(r))
+                .count();
+            n.saturating_sub(running)
+        },
+    )
     .await;
     bench.progress("all Running (or the phase deadline)");
     let api = bench.counts.take_phase();
@@ -394,34 +401,60 @@ async fn up_phase(env: &Env, bench: &Bench, n: usize, m: usize) -> Result<(Phase
     Ok((phase, per_node))
 }
 
-/// Request i asks for its 2 GPUs on node i mod M (samenode with a target node), so the
-/// devices spread evenly: N·2/M per node. Sent 16 at a time.
-async fn create_requests(requests: &Api<ComposabilityRequest>, n: usize, m: usize) {
-    let spec = gpu(2);
+pub(crate) fn is_running(r: &ComposabilityRequest) -> bool {
+    r.status
+        .as_ref()
+        .is_some_and(|s| s.state == RequestState::Running)
+}
+
+/// The name of the benchmark's request `i`.
+pub(crate) fn request_name(i: usize) -> String {
+    format!("bench-{i:04}")
+}
+
+/// Creates requests 0..n, each for `size` GPUs on the node `target(i)` names (samenode
+/// with a target node; the convergence run spreads them evenly: N·2/M per node). Sent
+/// 16 at a time; returns when each was sent, by name (a failed one is reported and left
+/// out).
+pub(crate) async fn create_requests(
+    requests: &Api<ComposabilityRequest>,
+    n: usize,
+    size: i64,
+    target: impl Fn(usize) -> String,
+) -> BTreeMap<String, Instant> {
+    let spec = gpu(size);
     futures::stream::iter(0..n)
         .map(|i| {
             let mut resource = spec.clone();
             resource.allocation_policy = AllocationPolicy::SameNode;
-            resource.target_node = Some(format!("worker-{:04}", i % m));
+            resource.target_node = Some(target(i));
             let req = ComposabilityRequest::new(
-                &format!("bench-{i:04}"),
+                &request_name(i),
                 cro_api::ComposabilityRequestSpec { resource },
             );
             let api = requests.clone();
-            async move { api.create(&PostParams::default(), &req).await }
+            async move {
+                let sent = Instant::now();
+                let created = api.create(&PostParams::default(), &req).await;
+                created.map(|_| (request_name(i), sent))
+            }
         })
         .buffer_unordered(16)
-        .for_each(|r| {
-            if let Err(e) = r {
-                eprintln!("create failed: {e}");
-            }
-            futures::future::ready(())
+        .filter_map(|r| {
+            futures::future::ready(match r {
+                Ok(sent) => Some(sent),
+                Err(e) => {
+                    eprintln!("create failed: {e}");
+                    None
+                }
+            })
         })
-        .await;
+        .collect()
+        .await
 }
 
 async fn devices_on_busiest_node(resources: &Api<ComposableResource>) -> Result<f64> {
-    let mut per_node_count = std::collections::BTreeMap::<String, usize>::new();
+    let mut per_node_count = BTreeMap::<String, usize>::new();
     for r in resources.list(&ListParams::default()).await?.items {
         *per_node_count
             .entry(r.spec.target_node.clone())
@@ -435,9 +468,12 @@ async fn down_phase(env: &Env, bench: &Bench, n: usize) -> Phase {
     let down_start = Instant::now();
     delete_requests(&bench.requests, n).await;
     bench.progress(&format!("{n} requests deleted"));
-    let time = wait_until("all detached", down_start, &bench.peak, || {
-        bench.watched_requests.state().len() + bench.watched_resources.state().len()
-    })
+    let time = wait_until(
+        "all detached",
+        down_start,
+        || bench.sample_peak(),
+        || bench.watched_requests.state().len() + bench.watched_resources.state().len(),
+    )
     .await;
     bench.progress("all gone (or the phase deadline)");
     Phase {
@@ -448,13 +484,13 @@ async fn down_phase(env: &Env, bench: &Bench, n: usize) -> Phase {
     }
 }
 
-async fn delete_requests(requests: &Api<ComposabilityRequest>, n: usize) {
+pub(crate) async fn delete_requests(requests: &Api<ComposabilityRequest>, n: usize) {
     let dp = DeleteParams::default();
     futures::stream::iter(0..n)
         .map(|i| {
             let api = requests.clone();
             let dp = dp.clone();
-            async move { api.delete(&format!("bench-{i:04}"), &dp).await.map(|_| ()) }
+            async move { api.delete(&request_name(i), &dp).await.map(|_| ()) }
         })
         .buffer_unordered(16)
         .for_each(|r| {

@@ -5,6 +5,9 @@
 //!   latency; prints one JSON line (times, API writes, fabric calls, RSS).
 //! - `cro-bench memory`: the operator's RSS idle, with the FTI component, with several
 //!   providers, and per concurrent call; each stage in a fresh child process.
+//! - `cro-bench real-node <requests>`: N requests × 1 GPU on the real one-node cluster
+//!   (docs/real-node.md), node commands through `pods/exec`, the operator as its own
+//!   `cro run` process; prints one JSON line (times, exec round trip, operator RSS).
 //! - `cro-bench report <results.jsonl> <criterion dir>`: the report, Markdown on stdout.
 //!
 //! scripts/bench.sh runs them all.
@@ -14,8 +17,10 @@
 mod common;
 
 mod converge;
+mod cro_process;
 mod gomodel;
 mod memory;
+mod real_node;
 mod report;
 mod rss;
 
@@ -23,7 +28,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
+        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench real-node <requests>\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
     );
     ExitCode::from(2)
 }
@@ -41,6 +46,10 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         ["memory"] => memory::main(),
+        ["real-node", n] => match n.parse() {
+            Ok(n) if n > 0 => real_node::main(n),
+            _ => return usage(),
+        },
         ["memory-stage", stage] => memory::stage(stage),
         ["report", results, criterion] => report::main(results.as_ref(), criterion.as_ref()),
         _ => return usage(),

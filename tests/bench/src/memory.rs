@@ -21,6 +21,7 @@ use fabric_sim::{Fault, Injection};
 use serde_json::{Value, json};
 
 use crate::common::{Env, OPERATOR_NS};
+use crate::cro_process::go_environment;
 use crate::rss::{breakdown, rss};
 
 const STAGES: [&str; 4] = ["baseline", "operator-fti", "operator-3", "calls-16"];
@@ -55,12 +56,7 @@ async fn parent() -> Result<Value> {
         let child = tokio::process::Command::new(&me)
             .args(["memory-stage", stage])
             .env("KUBECONFIG", &kubeconfig)
-            .env("CDI_PROVIDER_TYPE", "FTI_CDI")
-            .env("FTI_CDI_API_TYPE", "FM")
-            .env("FTI_CDI_ENDPOINT", env.sim.endpoint())
-            .env("FTI_CDI_TENANT_ID", env.sim.tenant_id())
-            .env("CRO_FTI_CA_FILE", ca.path())
-            .env("CRO_FTI_COMPONENT", &component)
+            .envs(go_environment(&env.sim, ca.path(), &component))
             .env("CRO_BENCH_TESTKIT", &testkit)
             .output()
             .await?;

@@ -1,5 +1,5 @@
-//! The report: Markdown from the run's JSON lines (`meta`, `converge`, `memory`) and
-//! criterion's estimates. Every figure in it comes from this run.
+//! The report: Markdown from the run's JSON lines (`meta`, `converge`, `memory`,
+//! `real_node`) and criterion's estimates. Every figure in it comes from this run.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -82,6 +82,7 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     if let Some(mem) = mem {
         memory(&mut o, mem)?;
     }
+    real_node(&mut o, &lines)?;
     goals(&mut o, &calls, &runs, mem)?;
     print!("{o}");
     Ok(())
@@ -406,6 +407,98 @@ fn memory(o: &mut String, mem: &Value) -> Result<()> {
     writeln!(
         o,
         "Columns: resident pages of the executable (code and data it touched), of other files (libraries, compiled components from the cache), of the main malloc heap, of wasmtime's pool reservations (linear memories, tables, stacks), and of other anonymous mappings (malloc's thread arenas, thread stacks, compiled code, kube and tokio state), from /proc/self/smaps.\n"
+    )?;
+    Ok(())
+}
+
+/// "3.2 s", or how far a real-node phase got by its deadline.
+fn real_node_phase(r: &Value, phase: &str, objects: &str) -> String {
+    match r.get(format!("{phase}_s")).and_then(Value::as_f64) {
+        Some(t) => format!("{t:.1} s"),
+        None => format!(
+            "not done after {} s ({} {objects} left)",
+            r["phase_deadline_s"],
+            r[format!("{phase}_left")]
+        ),
+    }
+}
+
+/// The real-node stage: times with real `pods/exec`, the exec round trip and the
+/// operator process's own RSS; or why the stage did not finish.
+fn real_node(o: &mut String, lines: &[Value]) -> Result<()> {
+    for r in of(lines, "real_node_failed") {
+        writeln!(
+            o,
+            "### Real node\n\nThe real-node stage ({} requests) did not finish: {}\n",
+            r["requests"],
+            r["error"].as_str().unwrap_or("?")
+        )?;
+    }
+    let Some(r) = of(lines, "real_node").next() else {
+        return Ok(());
+    };
+    writeln!(
+        o,
+        "### Real node (a kubelet and containerd on this machine; node commands through `pods/exec`; the operator as its own `cro run` process)\n"
+    )?;
+    let mib = |k: &str| format!("{:.1}", f(r, k) / MIB);
+    let ms = |k: &str| format!("{:.1} ms", f(r, k));
+    writeln!(o, "| | |\n|---|---|")?;
+    writeln!(
+        o,
+        "| requests | {} × 1 GPU on node `{}` (GPU operator driver and device plugin as real pods), created at once |",
+        r["requests"],
+        r["node"].as_str().unwrap_or("?")
+    )?;
+    writeln!(
+        o,
+        "| to all Running | {} (per request, from its own creation: median {:.2} s, max {:.2} s) |",
+        real_node_phase(r, "up", "requests"),
+        f(r, "per_request_median_s"),
+        f(r, "per_request_max_s")
+    )?;
+    writeln!(
+        o,
+        "| to all deleted and detached | {} |",
+        real_node_phase(r, "down", "requests, resources and attached GPUs")
+    )?;
+    writeln!(
+        o,
+        "| `pods/exec` round trip: `KubeExecRunner::run` of `nvidia-smi --query-gpu=gpu_uuid --format=csv,noheader,nounits` in the driver pod, {} calls | median {}, p90 {} |",
+        r["exec_calls"],
+        ms("exec_median_ms"),
+        ms("exec_p90_ms")
+    )?;
+    writeln!(
+        o,
+        "| operator process RSS: idle after start / sampled peak / high-water mark / idle after | {} / {} / {} / {} MiB |",
+        mib("operator_rss_started"),
+        mib("operator_rss_peak_sampled"),
+        mib("operator_rss_hwm"),
+        mib("operator_rss_idle")
+    )?;
+    writeln!(
+        o,
+        "| operator stopped with SIGTERM | {} |",
+        match r["operator_exit_code"].as_i64() {
+            Some(0) => "exit 0".to_owned(),
+            Some(c) => format!("**exit {c}**"),
+            None => "**ended by a signal**".to_owned(),
+        }
+    )?;
+    writeln!(
+        o,
+        "| the operator's node commands | {}; answered in-process instead of through `pods/exec`: {}; not understood by the stand-ins: {} |",
+        r["operator_node_commands"], r["commands_not_through_exec"], r["unknown_commands"]
+    )?;
+    writeln!(
+        o,
+        "| real node start (API server, kubelet, containerd, GPU software pods) | {:.1} s |",
+        f(r, "node_up_s")
+    )?;
+    writeln!(
+        o,
+        "\nThe RSS is the `cro run` process's alone (`VmRSS` of /proc/PID/status, sampled every 50 ms while the requests converge and go; `VmHWM` read before the stop): the fabric simulator, the stand-in service and the benchmark's API client run in the benchmark's process. The kernel's RSS counters lag by tens of KiB, so a sampled peak can read slightly above the high-water mark.\n"
     )?;
     Ok(())
 }

@@ -1,8 +1,18 @@
-//! This process's memory, from /proc/self/status.
+//! Resident memory, from /proc/<pid>/status and /proc/self/smaps.
 
-/// (VmRSS, VmHWM) in bytes: resident now, and the peak so far.
+/// (VmRSS, VmHWM) in bytes of this process: resident now, and the peak so far.
 pub fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    rss_from("/proc/self/status")
+}
+
+/// (VmRSS, VmHWM) in bytes of process `pid` (a child this process started); (0, 0) once
+/// it is gone.
+pub fn rss_of(pid: u32) -> (u64, u64) {
+    rss_from(&format!("/proc/{pid}/status"))
+}
+
+fn rss_from(status_file: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(status_file).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
