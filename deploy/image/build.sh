@@ -10,8 +10,11 @@
 #   --check        after building, verify the image: entrypoint, user, labels, size, the
 #                  component at its path, and the binary running alone in the image's root.
 #   --tag NAME     image name (default localhost/cro:<version>).
-#   --oci-archive  also write the image to FILE (load it with `podman load`, push it with
-#                  `skopeo copy oci-archive:FILE docker://...`).
+#   --oci-archive  also write the image to FILE, an OCI archive whose index names the image
+#                  (annotations org.opencontainers.image.ref.name = the tag and
+#                  io.containerd.image.name = the full name), so that
+#                  `ctr -n k8s.io images import FILE` and `podman load -i FILE` create it
+#                  under that name; push it with `skopeo copy oci-archive:FILE docker://...`.
 # Prints the image id last.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -65,8 +68,27 @@ bah bud --isolation chroot --quiet --build-arg "VERSION=$version" --build-arg "R
 t3=$(date +%s)
 log "binary $((t1 - t0)) s, component $((t2 - t1)) s, image $((t3 - t2)) s"
 if [[ -n "$archive" ]]; then
-  bah push --quiet "$tag" "oci-archive:$archive"
-  log "wrote $archive"
+  # `buildah push oci-archive:FILE` leaves the index's manifest unnamed, and containerd's
+  # importer then creates no image (and says nothing). So: an OCI layout named by the tag
+  # (org.opencontainers.image.ref.name), the full name added for containerd and podman
+  # (io.containerd.image.name, which both read first), packed as the archive.
+  name="$tag"
+  [[ "${name##*/}" == *:* ]] || name="$name:latest"
+  layout="$ctx/oci-layout"
+  bah push --quiet "$tag" "oci:$layout:${name##*:}"
+  python3 - "$layout/index.json" "$name" <<'PY' || { log "cannot name the image in $layout/index.json"; exit 1; }
+import json, sys
+path, name = sys.argv[1], sys.argv[2]
+index = json.load(open(path))
+assert len(index["manifests"]) == 1, index
+notes = index["manifests"][0].setdefault("annotations", {})
+assert notes.get("org.opencontainers.image.ref.name") == name.rsplit(":", 1)[1], index
+notes["io.containerd.image.name"] = name
+json.dump(index, open(path, "w"), separators=(",", ":"))
+PY
+  tar --sort=name --owner=0 --group=0 --numeric-owner -C "$layout" -cf "$archive.tmp" oci-layout index.json blobs
+  mv "$archive.tmp" "$archive"
+  log "wrote $archive ($name)"
 fi
 
 if ((check)); then

@@ -115,11 +115,11 @@ fn status_command() -> anyhow::Result<ExitCode> {
         let requests = requests
             .list(&params)
             .await
-            .context("cannot list ComposabilityRequests")?;
+            .map_err(|e| status::list_error(e, "ComposabilityRequests"))?;
         let resources = resources
             .list(&params)
             .await
-            .context("cannot list ComposableResources")?;
+            .map_err(|e| status::list_error(e, "ComposableResources"))?;
         anyhow::Ok(status::render(&status::rows(
             &requests.items,
             &resources.items,

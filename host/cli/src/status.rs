@@ -22,6 +22,18 @@ pub struct Row {
 
 const NONE: &str = "-";
 
+/// What `cro status` says when the cluster does not serve the cro kinds.
+pub const CRDS_MISSING: &str = "the cro CRDs are not installed on this cluster (install them with `cro crds | kubectl apply -f -` or the chart)";
+
+/// A failed list of `what`: a 404 means the cluster does not know the kind, so the CRDs
+/// are missing, which says more than the API server's bare "404 page not found".
+pub fn list_error(e: kube::Error, what: &str) -> anyhow::Error {
+    match &e {
+        kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(CRDS_MISSING),
+        _ => anyhow::Error::new(e).context(format!("cannot list {what}")),
+    }
+}
+
 fn or_dash(s: &str) -> String {
     if s.is_empty() {
         NONE.to_owned()
@@ -170,6 +182,25 @@ pub fn render(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_404_on_the_kinds_says_the_crds_are_missing() {
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "status": "Failure", "code": code, "message": "404 page not found"
+                }))
+                .unwrap(),
+            ))
+        };
+        let text = format!("{:#}", list_error(api(404), "ComposabilityRequests"));
+        assert_eq!(text, CRDS_MISSING);
+        let text = format!("{:#}", list_error(api(403), "ComposabilityRequests"));
+        assert!(
+            text.starts_with("cannot list ComposabilityRequests") && !text.contains("CRDs"),
+            "{text}"
+        );
+    }
     use cro_api::{
         ComposabilityRequestSpec, ComposabilityRequestStatus, ComposableResourceSpec,
         ComposableResourceStatus, RequestState, ResourceState, ResourceType, ScalarResourceDetails,

@@ -159,6 +159,10 @@ fn chart_objects(files: &[&str]) -> Vec<kube_harness::manifests::Manifest> {
         chart.to_str().unwrap(),
         "--namespace",
         common::OPERATOR_NS,
+        // A GPU cluster: the GPU operator's API is served, so the chart grants what the
+        // operator needs in its namespace (restarting the device plugin).
+        "--api-versions",
+        "nvidia.com/v1",
     ];
     for f in files {
         args.extend(["--show-only", f]);

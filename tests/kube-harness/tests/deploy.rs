@@ -24,11 +24,17 @@ fn helm(args: &[&str]) -> Result<String, tools::ToolError> {
     tools::run(&helm, args, Path::new(DEPLOY_DIR))
 }
 
+/// The API versions `cert-manager-gpu-operator` renders for (what `helm install` would
+/// find on a cluster with cert-manager and the GPU operator).
+const CERT_MANAGER_AND_GPU_OPERATOR: &[&str] = &["cert-manager.io/v1", "nvidia.com/v1"];
+
 /// The value sets every test renders, by name: the defaults and the other shapes a
-/// cluster operator picks.
-fn value_sets() -> Vec<(&'static str, &'static str, String)> {
+/// cluster operator picks, with the API versions the cluster serves beyond the built-in.
+type ValueSet = (&'static str, &'static str, String, &'static [&'static str]);
+
+fn value_sets() -> Vec<ValueSet> {
     vec![
-        ("defaults", NS, String::new()),
+        ("defaults", NS, String::new(), &[]),
         (
             "fti-cm-complete",
             NS,
@@ -44,8 +50,10 @@ provider:
 metrics:
   serviceMonitor: {enabled: true, labels: {release: prometheus}}
 webhook: {certificates: selfManaged}
+gpuOperator: {rbac: true}
 "#
             .to_owned(),
+            &[],
         ),
         (
             "dra-host-driver-own-tls",
@@ -56,6 +64,7 @@ nodeAgent: {enabled: true}
 webhook: {certificates: secret, secretName: cro-webhook-tls, caBundle: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
 "#
             .to_owned(),
+            &[],
         ),
         (
             "provider-spec-minimal",
@@ -71,8 +80,10 @@ provider:
 webhook: {enabled: false}
 metrics: {secure: false}
 networkPolicy: {enabled: false}
+componentCache: {enabled: false}
 "#
             .to_owned(),
+            &[],
         ),
         (
             "provider-objects",
@@ -83,6 +94,27 @@ provider:
   objects: {secretNamespaces: [composable-resource-operator-system, fabric-secrets]}
 "#
             .to_owned(),
+            &[],
+        ),
+        (
+            "cert-manager-gpu-operator",
+            NS,
+            "webhook: {certificates: certManager}\n".to_owned(),
+            CERT_MANAGER_AND_GPU_OPERATOR,
+        ),
+        (
+            "host-network",
+            NS,
+            r#"
+replicaCount: 1
+hostNetwork: true
+metrics: {bindAddress: 127.0.0.1}
+probes: {bindAddress: 127.0.0.1}
+webhook: {bindAddress: 127.0.0.1, url: "https://127.0.0.1:9443/"}
+extraEnv: [{name: RUST_LOG, value: debug}]
+"#
+            .to_owned(),
+            &[],
         ),
     ]
 }
@@ -93,9 +125,14 @@ fn values_file(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     path
 }
 
-fn render(namespace: &str, values: &Path) -> Vec<Manifest> {
+/// `helm template` with the values file, as for a cluster serving `api_versions`.
+fn try_render(
+    namespace: &str,
+    values: &Path,
+    api_versions: &[&str],
+) -> Result<Vec<Manifest>, tools::ToolError> {
     let chart = chart();
-    let out = helm(&[
+    let mut args = vec![
         "template",
         "cro",
         chart.to_str().unwrap(),
@@ -103,9 +140,42 @@ fn render(namespace: &str, values: &Path) -> Vec<Manifest> {
         namespace,
         "--values",
         values.to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    manifests::parse(&out).unwrap()
+    ];
+    for v in api_versions {
+        args.extend(["--api-versions", v]);
+    }
+    helm(&args).map(|out| manifests::parse(&out).unwrap())
+}
+
+fn render(namespace: &str, values: &Path, api_versions: &[&str]) -> Vec<Manifest> {
+    try_render(namespace, values, api_versions).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The rendering of the defaults with `yaml` on top, for the release namespace.
+fn render_yaml(yaml: &str, api_versions: &[&str]) -> Vec<Manifest> {
+    let dir = tempfile::tempdir().unwrap();
+    render(NS, &values_file(dir.path(), "values", yaml), api_versions)
+}
+
+fn manager(objs: &[Manifest]) -> &Value {
+    &find(objs, "Deployment", "cro-controller")["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args_of(container: &Value) -> Vec<&str> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+/// Objects outside the release namespace that are not cluster-scoped.
+fn elsewhere(objs: &[Manifest]) -> Vec<String> {
+    objs.iter()
+        .filter(|m| m.namespace.as_deref().is_some_and(|ns| ns != NS))
+        .map(Manifest::describe)
+        .collect()
 }
 
 fn find<'a>(objs: &'a [Manifest], kind: &str, name: &str) -> &'a Value {
@@ -135,19 +205,23 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
 fn chart_lints_and_renders_what_a_cluster_needs() {
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, namespace, yaml) in value_sets() {
+    for (name, namespace, yaml, api_versions) in value_sets() {
         let values = values_file(dir.path(), name, &yaml);
-        helm(&[
-            "lint",
-            "--strict",
-            chart.to_str().unwrap(),
-            "--namespace",
-            namespace,
-            "--values",
-            values.to_str().unwrap(),
-        ])
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let objs = render(namespace, &values);
+        // `helm lint` has no --api-versions: sets needing an API beyond the built-in
+        // ones are only rendered.
+        if api_versions.is_empty() {
+            helm(&[
+                "lint",
+                "--strict",
+                chart.to_str().unwrap(),
+                "--namespace",
+                namespace,
+                "--values",
+                values.to_str().unwrap(),
+            ])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let objs = render(namespace, &values, api_versions);
         for m in &objs {
             if !matches!(
                 m.kind.as_str(),
@@ -197,7 +271,10 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
         find(&objs, "Service", "cro-metrics");
 
         match name {
-            "defaults" | "fti-cm-complete" | "dra-host-driver-own-tls" => {
+            "defaults"
+            | "fti-cm-complete"
+            | "dra-host-driver-own-tls"
+            | "cert-manager-gpu-operator" => {
                 assert_eq!(deploy["spec"]["replicas"], 2, "{name}");
                 assert!(args.contains(&"--leader-elect=true"), "{name}: {args:?}");
                 find(&objs, "PodDisruptionBudget", "cro-controller");
@@ -227,8 +304,18 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 assert_eq!(manager["livenessProbe"]["httpGet"]["port"], "probes");
                 let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
                 assert!(rules.contains("tokenreviews") && rules.contains("subjectaccessreviews"));
+                // The operator makes its own webhook certificate: nothing of cert-manager.
+                assert!(args.contains(&"--webhook-self-managed"), "{args:?}");
+                assert!(!objs.iter().any(|m| m.api_version.contains("cert-manager")));
+                assert!(!kinds(&objs).contains("DaemonSet"));
+                assert!(!kinds(&objs).contains("ServiceMonitor"));
+                // Without nvidia.com/v1 served, no Role in the GPU operator's namespace.
+                assert_eq!(elsewhere(&objs), Vec::<String>::new());
+            }
+            "cert-manager-gpu-operator" => {
                 // cert-manager issues the webhook's certificate and injects its CA.
                 find(&objs, "Certificate", "cro-webhook");
+                find(&objs, "Issuer", "cro-selfsigned");
                 let vwc = find(
                     &objs,
                     "ValidatingWebhookConfiguration",
@@ -238,14 +325,18 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                     vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
                     format!("{NS}/cro-webhook")
                 );
-                assert!(!kinds(&objs).contains("DaemonSet"));
-                assert!(!kinds(&objs).contains("ServiceMonitor"));
-                // DEVICE_PLUGIN restarts the GPU operator's daemonsets: a Role there.
+                assert!(!args.contains(&"--webhook-self-managed"), "{args:?}");
+                // DEVICE_PLUGIN on a cluster serving the ClusterPolicy API: a Role there.
                 let role = objs
                     .iter()
                     .find(|m| m.kind == "Role" && m.name == "cro-gpu-operator")
                     .unwrap();
                 assert_eq!(role.namespace.as_deref(), Some("gpu-operator"));
+            }
+            "host-network" => {
+                assert_eq!(pod["hostNetwork"], true);
+                assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+                assert_eq!(env_value(manager, "RUST_LOG"), Some("debug"));
             }
             "fti-cm-complete" => {
                 let monitor = find(&objs, "ServiceMonitor", "cro-metrics");
@@ -275,6 +366,14 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 );
                 let rules = find(&objs, "ClusterRole", "cro-manager")["rules"].to_string();
                 assert!(rules.contains("baremetalhosts") && rules.contains("machines"));
+                // gpuOperator.rbac: true renders the Role without asking the cluster.
+                assert_eq!(
+                    elsewhere(&objs),
+                    [
+                        "Role gpu-operator/cro-gpu-operator",
+                        "RoleBinding gpu-operator/cro-gpu-operator"
+                    ]
+                );
                 // The operator manages the webhook's certificates itself.
                 assert!(args.contains(&"--webhook-self-managed"), "{args:?}");
                 assert!(rules.contains("validatingwebhookconfigurations"));
@@ -366,6 +465,17 @@ fn chart_refuses_values_that_cannot_work() {
             "required with webhook.certificates=secret",
         ),
         ("provider.mode=spec", NS, "provider.spec"),
+        (
+            "webhook.certificates=certManager",
+            NS,
+            "pass --api-versions cert-manager.io/v1",
+        ),
+        ("gpuOperator.rbac=maybe", NS, "gpuOperator.rbac must be"),
+        (
+            "webhook.url=http://127.0.0.1:9443",
+            NS,
+            "must start with https://",
+        ),
     ] {
         let err = helm(&[
             "template",
@@ -380,6 +490,210 @@ fn chart_refuses_values_that_cannot_work() {
         .to_string();
         assert!(err.contains(why), "{set}: {err}");
     }
+}
+
+/// cert-manager is opt-in: without its API the chart refuses at template time, saying
+/// what to do; with it the Issuer and Certificate are rendered.
+#[test]
+fn cert_manager_mode_needs_the_cert_manager_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = values_file(dir.path(), "cm", "webhook: {certificates: certManager}\n");
+    let err = try_render(NS, &values, &[]).unwrap_err().to_string();
+    for said in [
+        "webhook.certificates=certManager needs cert-manager",
+        "cert-manager.io/v1",
+        "webhook.certificates=selfManaged",
+        "--api-versions cert-manager.io/v1",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
+    let objs = render(NS, &values, &["cert-manager.io/v1"]);
+    find(&objs, "Certificate", "cro-webhook");
+    find(&objs, "Issuer", "cro-selfsigned");
+    // The default needs nothing of it.
+    let objs = render_yaml("", &[]);
+    assert!(!objs.iter().any(|m| m.api_version.contains("cert-manager")));
+    assert!(args_of(manager(&objs)).contains(&"--webhook-self-managed"));
+}
+
+/// gpuOperator.rbac: auto follows the ClusterPolicy API (nvidia.com/v1), true and false
+/// decide alone, and DRA never needs the Role.
+#[test]
+fn gpu_operator_role_only_where_the_gpu_operator_is() {
+    let role = |yaml: &str, api: &[&str]| {
+        render_yaml(yaml, api)
+            .iter()
+            .any(|m| m.kind == "Role" && m.namespace.as_deref() == Some("gpu-operator"))
+    };
+    assert!(!role("", &[]), "auto, no ClusterPolicy API");
+    assert!(
+        role("", &["nvidia.com/v1"]),
+        "auto, ClusterPolicy API served"
+    );
+    assert!(role("gpuOperator: {rbac: true}", &[]));
+    assert!(!role("gpuOperator: {rbac: false}", &["nvidia.com/v1"]));
+    assert!(!role(
+        "deviceResourceType: DRA\ngpuOperator: {rbac: true}",
+        &["nvidia.com/v1"]
+    ));
+    // Elsewhere than the default namespace when asked.
+    let objs = render_yaml(
+        "gpuOperatorNamespace: nvidia\ngpuOperator: {rbac: true}",
+        &[],
+    );
+    assert_eq!(
+        elsewhere(&objs),
+        [
+            "Role nvidia/cro-gpu-operator",
+            "RoleBinding nvidia/cro-gpu-operator"
+        ]
+    );
+}
+
+/// Pods on the node's network: hostNetwork, its DNS policy, the listeners' addresses and
+/// an update strategy that does not wait for host ports the old pod holds.
+#[test]
+fn host_network_values_reach_the_pod() {
+    let deployment = |yaml: &str| {
+        let objs = render_yaml(yaml, &[]);
+        find(&objs, "Deployment", "cro-controller").clone()
+    };
+    let d = deployment("");
+    let pod = &d["spec"]["template"]["spec"];
+    assert!(pod.get("hostNetwork").is_none() && pod.get("dnsPolicy").is_none());
+    assert!(d["spec"].get("strategy").is_none(), "Kubernetes' default");
+    let args = args_of(&pod["containers"][0]);
+    for a in [
+        "--metrics-addr=0.0.0.0:8443",
+        "--health-probe-bind-address=0.0.0.0:8081",
+        "--webhook-addr=0.0.0.0:9443",
+    ] {
+        assert!(args.contains(&a), "{a}: {args:?}");
+    }
+
+    let d = deployment(
+        r#"
+hostNetwork: true
+metrics: {bindAddress: 127.0.0.1}
+probes: {bindAddress: "::1"}
+webhook: {bindAddress: 127.0.0.1}
+"#,
+    );
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(d["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+    let args = args_of(&pod["containers"][0]);
+    for a in [
+        "--metrics-addr=127.0.0.1:8443",
+        "--health-probe-bind-address=[::1]:8081",
+        "--webhook-addr=127.0.0.1:9443",
+    ] {
+        assert!(args.contains(&a), "{a}: {args:?}");
+    }
+
+    // Both may be given explicitly.
+    let d = deployment("hostNetwork: true\ndnsPolicy: Default\nstrategy: {type: Recreate}");
+    assert_eq!(d["spec"]["template"]["spec"]["dnsPolicy"], "Default");
+    assert_eq!(
+        d["spec"]["strategy"],
+        serde_json::json!({"type": "Recreate"})
+    );
+
+    // extraEnv comes after the chart's own variables.
+    let objs = render_yaml("extraEnv: [{name: RUST_LOG, value: debug}]", &[]);
+    let env = manager(&objs)["env"].as_array().unwrap();
+    assert_eq!(env.last().unwrap()["name"], "RUST_LOG");
+}
+
+/// webhook.url: the API server calls the URL (plus each webhook's path), not the Service.
+#[test]
+fn webhook_url_replaces_the_service() {
+    let objs = render_yaml(
+        "provider: {mode: objects}\nwebhook: {url: \"https://127.0.0.1:9443/\"}",
+        &[],
+    );
+    let vwc = find(
+        &objs,
+        "ValidatingWebhookConfiguration",
+        "cro-validating-webhook",
+    );
+    let hooks = vwc["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 2);
+    for (hook, kind) in hooks.iter().zip(["composabilityrequest", "cdiprovider"]) {
+        let client = &hook["clientConfig"];
+        assert_eq!(
+            client["url"],
+            format!("https://127.0.0.1:9443/validate-cro-hpsys-ibm-ie-com-v1alpha1-{kind}")
+        );
+        assert!(client.get("service").is_none(), "{client}");
+    }
+    // Without it, the Service.
+    let objs = render_yaml("", &[]);
+    let vwc = find(
+        &objs,
+        "ValidatingWebhookConfiguration",
+        "cro-validating-webhook",
+    );
+    assert_eq!(
+        vwc["webhooks"][0]["clientConfig"]["service"]["name"],
+        "cro-webhook"
+    );
+    assert!(vwc["webhooks"][0]["clientConfig"].get("url").is_none());
+}
+
+/// The component cache lives in an emptyDir (the root file system is read-only), where
+/// CRO_COMPONENT_CACHE_DIR points; turned off, the operator is told so.
+#[test]
+fn component_cache_is_an_empty_dir() {
+    let objs = render_yaml("", &[]);
+    let c = manager(&objs);
+    let pod = &find(&objs, "Deployment", "cro-controller")["spec"]["template"]["spec"];
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "component-cache")
+        .expect("cache mount");
+    let dir = env_value(c, "CRO_COMPONENT_CACHE_DIR").unwrap();
+    assert!(
+        dir.starts_with(&format!("{}/", mount["mountPath"].as_str().unwrap())),
+        "{dir} is not under {mount}"
+    );
+    assert_eq!(mount.get("readOnly"), None);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "component-cache")
+        .unwrap();
+    assert_eq!(volume["emptyDir"]["sizeLimit"], "512Mi");
+    assert_eq!(
+        env_value(c, "CRO_COMPONENT_CACHE_MAX_BYTES"),
+        Some("268435456")
+    );
+
+    let objs = render_yaml("componentCache: {enabled: false}", &[]);
+    let c = manager(&objs);
+    assert_eq!(env_value(c, "CRO_COMPONENT_CACHE"), Some("off"));
+    assert_eq!(env_value(c, "CRO_COMPONENT_CACHE_DIR"), None);
+    assert!(
+        !objs
+            .iter()
+            .any(|m| m.object.to_string().contains("component-cache"))
+    );
+}
+
+/// Ready at the first probe after /readyz answers: no initial delay, a 1 s period.
+#[test]
+fn readiness_probe_answers_within_two_seconds() {
+    let objs = render_yaml("", &[]);
+    let probe = &manager(&objs)["readinessProbe"];
+    assert_eq!(probe.get("initialDelaySeconds"), None, "{probe}");
+    let period = probe["periodSeconds"].as_u64().unwrap();
+    assert!((1..=2).contains(&period), "{probe}");
 }
 
 #[test]
@@ -471,14 +785,48 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
     assert_eq!(crds.len(), 3); // ComposabilityRequest, ComposableResource, CdiProvider
     manifests::apply(&client, &crds, false).await.unwrap();
     create_namespace(&client, "gpu-operator").await;
-    for (name, namespace, yaml) in value_sets() {
+    for (name, namespace, yaml, api_versions) in value_sets() {
         create_namespace(&client, namespace).await;
-        let objs = render(namespace, &values_file(dir.path(), name, &yaml));
+        let objs = render(
+            namespace,
+            &values_file(dir.path(), name, &yaml),
+            api_versions,
+        );
         let applied = manifests::apply(&client, &objs, true)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(applied.len(), objs.len(), "{name}");
     }
+}
+
+/// The defaults on a cluster with nothing but Kubernetes (no cert-manager, no GPU
+/// operator and no `gpu-operator` namespace, no Prometheus Operator): the chart's CRDs
+/// and every object are accepted (issue 23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_chart_installs_on_a_fresh_cluster() {
+    let harness = HarnessBuilder::default()
+        .without_default_crds()
+        .start()
+        .await
+        .unwrap();
+    let client = harness.client().unwrap();
+    let chart = chart();
+    let out = helm(&[
+        "template",
+        "cro",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NS,
+        "--include-crds",
+    ])
+    .unwrap();
+    let objs = manifests::parse(&out).unwrap();
+    assert_eq!(elsewhere(&objs), Vec::<String>::new());
+    create_namespace(&client, NS).await;
+    let applied = manifests::apply(&client, &objs, true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(applied.len(), objs.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,9 +860,14 @@ async fn kustomize_tree_is_the_charts_rendering_and_is_accepted() {
     expected.insert(format!("Namespace {NS}"));
     assert_eq!(ids(&objs), expected);
 
-    let harness = harness().await;
+    // Like the chart's defaults, the tree needs nothing but Kubernetes: no cert-manager,
+    // no Prometheus Operator, no GPU operator's namespace.
+    let harness = HarnessBuilder::default()
+        .without_default_crds()
+        .start()
+        .await
+        .unwrap();
     let client = harness.client().unwrap();
-    create_namespace(&client, "gpu-operator").await;
     let applied = manifests::apply(&client, &objs, true)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

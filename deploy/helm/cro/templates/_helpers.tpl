@@ -50,4 +50,33 @@ with the agent must live there.
 {{- if not (has .Values.deviceResourceType (list "DEVICE_PLUGIN" "DRA")) -}}
 {{- fail "deviceResourceType must be DEVICE_PLUGIN or DRA" -}}
 {{- end -}}
+{{- if not (has (toString .Values.gpuOperator.rbac) (list "auto" "true" "false")) -}}
+{{- fail "gpuOperator.rbac must be auto, true or false" -}}
+{{- end -}}
+{{- if and .Values.webhook.enabled (eq .Values.webhook.certificates "certManager") (not (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
+{{- fail "webhook.certificates=certManager needs cert-manager, but this cluster does not serve cert-manager.io/v1: install cert-manager first, or use webhook.certificates=selfManaged (the default: the operator makes and renews its own certificate). Rendering offline (helm template), pass --api-versions cert-manager.io/v1" -}}
+{{- end -}}
+{{- if and .Values.webhook.url (not (hasPrefix "https://" .Values.webhook.url)) -}}
+{{- fail "webhook.url must start with https:// (the API server calls webhooks over TLS)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Role in the GPU operator's namespace is rendered (gpuOperator.rbac). */}}
+{{- define "cro.gpuOperatorRbac" -}}
+{{- if eq .Values.deviceResourceType "DEVICE_PLUGIN" -}}
+{{- $rbac := toString .Values.gpuOperator.rbac -}}
+{{- if or (eq $rbac "true") (and (eq $rbac "auto") (.Capabilities.APIVersions.Has "nvidia.com/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port for a listener flag; an IPv6 address is bracketed. Call with (list addr port). */}}
+{{- define "cro.listen" -}}
+{{- $addr := index . 0 | toString -}}
+{{- if and (contains ":" $addr) (not (hasPrefix "[" $addr)) -}}
+{{- printf "[%s]:%v" $addr (index . 1) -}}
+{{- else -}}
+{{- printf "%s:%v" $addr (index . 1) -}}
+{{- end -}}
 {{- end -}}

@@ -29,7 +29,7 @@ pub enum NodeOpsError {
     #[error("no nvidia driver found on node {0}")]
     NoDriver(String),
     #[error(
-        "no NVIDIA GPU operator ClusterPolicy and no host driver on node {0}: install the GPU operator"
+        "no NVIDIA GPU operator ClusterPolicy and no host driver on node {0}: install the GPU operator, or for drivers installed on the host deploy cro's node agent (chart value nodeAgent.enabled=true) and disable the ClusterPolicy's driver"
     )]
     NoGpuOperator(String),
     #[error("the node agent {agent} for host drivers is not running on node {node}")]

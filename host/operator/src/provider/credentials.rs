@@ -40,6 +40,25 @@ pub(crate) fn name_the_secret(e: CallError, secret: &SecretRef) -> CallError {
     if !is_credential_failure(&p) {
         return CallError::Provider(p);
     }
+    // A Secret that does not exist is the first thing to say (a new cluster's usual
+    // case), not a key missing from it.
+    let missing = format!("Secret {}/{} not found", secret.namespace, secret.name);
+    let lead = |m: String| {
+        format!(
+            "{missing}: create it with the provider's credentials (keys {}) ({m})",
+            secret.keys.join(", ")
+        )
+    };
+    match p {
+        // The error's kind is kept (it labels metrics); its message starts with the Secret.
+        ProviderError::Config(m) if m.contains(&missing) => {
+            return CallError::Provider(ProviderError::Config(lead(m)));
+        }
+        ProviderError::Other(m) if m.contains(&missing) => {
+            return CallError::Provider(ProviderError::Other(lead(m)));
+        }
+        _ => {}
+    }
     let hint = format!(
         "; the provider's credentials are read from Secret {}/{} (keys {}): check their values",
         secret.namespace,
@@ -127,6 +146,21 @@ mod tests {
                 && text.contains("Secret cro/credentials (keys username, password)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_missing_secret_leads_the_message() {
+        // What the FTI component reports when the runtime cannot read the Secret.
+        let e = CallError::Provider(ProviderError::Config(
+            "credential key 'username' is missing from the granted Secret: Secret cro/credentials not found"
+                .into(),
+        ));
+        let text = name_the_secret(e, &secret()).to_string();
+        let lead = text
+            .find("Secret cro/credentials not found: create it with the provider's credentials (keys username, password)")
+            .unwrap_or_else(|| panic!("{text}"));
+        // Only the error kind's own prefix comes before it.
+        assert_eq!(&text[..lead], "provider configuration: ", "{text}");
     }
 
     #[test]
