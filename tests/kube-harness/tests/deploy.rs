@@ -644,6 +644,40 @@ fn webhook_url_replaces_the_service() {
     assert!(vwc["webhooks"][0]["clientConfig"].get("url").is_none());
 }
 
+/// webhook.extraNames (issue 23): the URL's host joins the self-managed certificate's
+/// names through --webhook-extra-names; without it no flag; with certificates the
+/// operator does not make, the chart refuses instead of ignoring the names.
+#[test]
+fn webhook_extra_names_reach_the_self_managed_certificate() {
+    let objs = render_yaml(
+        "webhook: {url: \"https://127.0.0.1:9443\", extraNames: [127.0.0.1, node-1.example]}",
+        &[],
+    );
+    let args = args_of(manager(&objs));
+    assert!(args.contains(&"--webhook-self-managed"), "{args:?}");
+    assert!(
+        args.contains(&"--webhook-extra-names=127.0.0.1,node-1.example"),
+        "{args:?}"
+    );
+    let objs = render_yaml("", &[]);
+    let args = args_of(manager(&objs));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--webhook-extra-names")),
+        "{args:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let values = values_file(
+        dir.path(),
+        "secret",
+        "webhook: {certificates: secret, secretName: tls, caBundle: x, extraNames: [127.0.0.1]}\n",
+    );
+    let err = try_render(NS, &values, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("webhook.extraNames") && err.contains("selfManaged"),
+        "{err}"
+    );
+}
+
 /// The component cache lives in an emptyDir (the root file system is read-only), where
 /// CRO_COMPONENT_CACHE_DIR points; turned off, the operator is told so.
 #[test]

@@ -56,6 +56,9 @@ with the agent must live there.
 {{- if and .Values.webhook.enabled (eq .Values.webhook.certificates "certManager") (not (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
 {{- fail "webhook.certificates=certManager needs cert-manager, but this cluster does not serve cert-manager.io/v1: install cert-manager first, or use webhook.certificates=selfManaged (the default: the operator makes and renews its own certificate). Rendering offline (helm template), pass --api-versions cert-manager.io/v1" -}}
 {{- end -}}
+{{- if and .Values.webhook.extraNames (ne .Values.webhook.certificates "selfManaged") -}}
+{{- fail "webhook.extraNames names hosts in the operator's own certificate: use it with webhook.certificates=selfManaged (with certManager or secret, put the names in that certificate)" -}}
+{{- end -}}
 {{- if and .Values.webhook.url (not (hasPrefix "https://" .Values.webhook.url)) -}}
 {{- fail "webhook.url must start with https:// (the API server calls webhooks over TLS)" -}}
 {{- end -}}

@@ -66,6 +66,7 @@ const MAX_BACKOFF: &str = "--max-backoff (CRO_MAX_BACKOFF)";
 pub(crate) const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 const CA_VALIDITY: &str = "--webhook-ca-validity (CRO_WEBHOOK_CA_VALIDITY)";
 const CERT_VALIDITY: &str = "--webhook-cert-validity (CRO_WEBHOOK_CERT_VALIDITY)";
+const EXTRA_NAMES: &str = "--webhook-extra-names (CRO_WEBHOOK_EXTRA_NAMES)";
 
 /// [`parse_duration`] of one setting; an error names the setting.
 fn setting_duration(text: &str, setting: &'static str) -> Result<Duration, ConfigError> {
@@ -185,6 +186,9 @@ pub struct OperatorConfig {
     /// `get /metrics` (the Go operator's `--metrics-secure`).
     pub metrics_secure: bool,
     pub webhook: Option<WebhookConfig>,
+    /// The webhook is off because `ENABLE_WEBHOOKS=false` (the Go operator's switch), not
+    /// for want of certificates: said once in the start-up log.
+    pub webhook_disabled_by_env: bool,
     pub leader_election: Option<LeaderElectionConfig>,
     /// Name in Events' reporting controller.
     pub controller_name: String,
@@ -217,6 +221,7 @@ impl OperatorConfig {
             probe_addr: None,
             metrics_secure: false,
             webhook: None,
+            webhook_disabled_by_env: false,
             leader_election: None,
             max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             controller_name: "cro-operator".to_owned(),
@@ -387,6 +392,16 @@ pub struct RunArgs {
     /// The webhook's Service; its DNS names go into the self-managed certificate.
     #[arg(long, env = "CRO_WEBHOOK_SERVICE", default_value = "cro-webhook")]
     pub webhook_service: String,
+    /// More names for the self-managed certificate (comma-separated), besides the
+    /// Service's: the host of `webhook.url` when the API server calls the webhook by URL
+    /// (hostNetwork). An IP address becomes an IP SAN. A change reissues the certificate.
+    #[arg(long, env = "CRO_WEBHOOK_EXTRA_NAMES", value_delimiter = ',')]
+    pub webhook_extra_names: Vec<String>,
+    /// The Go operator's switch (controller-runtime's convention): exactly `false` turns
+    /// the webhook off, whatever the certificate settings say; any other value changes
+    /// nothing.
+    #[arg(long, env = "ENABLE_WEBHOOKS")]
+    pub enable_webhooks: Option<String>,
     /// Lifetime of a self-managed serving certificate (renewed after two thirds).
     #[arg(long, env = "CRO_WEBHOOK_CERT_VALIDITY", default_value = "2160h")]
     pub webhook_cert_validity: String,
@@ -429,7 +444,12 @@ impl RunArgs {
             .collect();
         self.apply_pacing(&mut config)?;
         self.apply_listeners(&mut config)?;
-        config.webhook = self.webhook_config()?;
+        config.webhook_disabled_by_env = self.webhooks_switched_off();
+        config.webhook = if config.webhook_disabled_by_env {
+            None
+        } else {
+            self.webhook_config()?
+        };
         config.leader_election = self.leader_election()?;
         Ok(config)
     }
@@ -487,8 +507,22 @@ impl RunArgs {
         Ok(())
     }
 
+    /// Whether the Go operator's switch turns the webhook off. controller-runtime's
+    /// convention: only the exact value `false` counts, so a deployment that sets
+    /// anything else gets the webhook as before.
+    fn webhooks_switched_off(&self) -> bool {
+        self.enable_webhooks.as_deref() == Some("false")
+    }
+
     /// The webhook: off, served from certificate files, or self-managed.
     fn webhook_config(&self) -> Result<Option<WebhookConfig>, ConfigError> {
+        if !self.webhook_extra_names.is_empty() && !self.webhook_self_managed {
+            // Names given for a certificate the operator does not make would be ignored
+            // silently, and the API server would then refuse the certificate.
+            return Err(ConfigError::Invalid(format!(
+                "{EXTRA_NAMES} only names hosts in the --webhook-self-managed certificate"
+            )));
+        }
         let webhook_addr = listen_addr(&self.webhook_addr, "webhook address")?;
         let (cert, key) = self.webhook_files();
         match (cert, key, self.webhook_self_managed) {
@@ -532,7 +566,6 @@ impl RunArgs {
     /// The self-managed webhook's Secret, configuration, DNS names and lifetimes.
     fn self_managed_webhook(&self, addr: SocketAddr) -> Result<WebhookConfig, ConfigError> {
         let ns = &self.leader_election_namespace;
-        let svc = &self.webhook_service;
         let policy = CertPolicy {
             ca_validity: setting_duration(&self.webhook_ca_validity, CA_VALIDITY)?,
             serving_validity: setting_duration(&self.webhook_cert_validity, CERT_VALIDITY)?,
@@ -551,13 +584,30 @@ impl RunArgs {
                 namespace: ns.clone(),
                 secret_name: self.webhook_secret.clone(),
                 webhook_configuration: self.webhook_configuration.clone(),
-                dns_names: vec![
-                    format!("{svc}.{ns}.svc"),
-                    format!("{svc}.{ns}.svc.cluster.local"),
-                ],
+                dns_names: self.certificate_names()?,
                 policy,
             }),
         })
+    }
+
+    /// The self-managed certificate's names: the Service's, then the extra ones (each
+    /// once, so the list, and with it the decision to reissue, stays stable).
+    fn certificate_names(&self) -> Result<Vec<String>, ConfigError> {
+        let (ns, svc) = (&self.leader_election_namespace, &self.webhook_service);
+        let mut names = vec![
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+        ];
+        for extra in &self.webhook_extra_names {
+            let name = extra_name(extra).map_err(|e| ConfigError::Setting {
+                setting: EXTRA_NAMES,
+                source: Box::new(e),
+            })?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        Ok(names)
     }
 
     /// The leader Lease and this replica's identity in it, when leader election is on.
@@ -581,6 +631,26 @@ impl RunArgs {
         let mut le = LeaderElectionConfig::new(&self.leader_election_namespace, &identity);
         le.lease_name = self.leader_election_id.trim().to_owned();
         Ok(Some(le))
+    }
+}
+
+/// One extra name of the self-managed certificate: a host name or an IP address, as a
+/// TLS client names the server it calls. rcgen turns a name that parses as an IP into an
+/// IP SAN, so an IP is kept as written.
+fn extra_name(text: &str) -> Result<String, ConfigError> {
+    let name = text.trim();
+    let bad = |why: &str| ConfigError::Invalid(format!("{name:?}: {why}"));
+    if name.is_empty() {
+        return Err(bad("an empty name (a stray comma?)"));
+    }
+    match name.parse::<std::net::IpAddr>() {
+        // 0.0.0.0 and :: are where a server listens, never what a client calls.
+        Ok(ip) if ip.is_unspecified() => Err(bad(
+            "a wildcard address names no host; give the address the API server calls",
+        )),
+        Ok(_) => Ok(name.to_owned()),
+        Err(_) if rustls::pki_types::ServerName::try_from(name).is_ok() => Ok(name.to_owned()),
+        Err(_) => Err(bad("neither a host name nor an IP address")),
     }
 }
 
@@ -768,6 +838,97 @@ mod tests {
             .into_config()
             .unwrap();
         assert_eq!(leader.leader_election.unwrap().identity, "pod-1");
+    }
+
+    fn self_managed_names(args: &[&str]) -> Result<Vec<String>, ConfigError> {
+        let mut argv = vec!["cro", "--webhook-self-managed"];
+        argv.extend_from_slice(args);
+        let config = Cli::parse_from(argv).run.into_config()?;
+        match config.webhook.map(|w| w.certs) {
+            Some(WebhookCerts::SelfManaged(c)) => Ok(c.dns_names),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 23: the host of `webhook.url` joins the Service's names; IPs are kept as
+    /// written (rcgen makes them IP SANs), empty entries and wildcard IPs are refused.
+    #[test]
+    fn extra_webhook_names_follow_the_service_names() {
+        let svc = "cro-webhook.composable-resource-operator-system.svc";
+        assert_eq!(
+            self_managed_names(&[]).unwrap(),
+            vec![svc.to_owned(), format!("{svc}.cluster.local")]
+        );
+        assert_eq!(
+            self_managed_names(&["--webhook-extra-names", "127.0.0.1, node-1.example,::1"])
+                .unwrap(),
+            vec![
+                svc.to_owned(),
+                format!("{svc}.cluster.local"),
+                "127.0.0.1".to_owned(),
+                "node-1.example".to_owned(),
+                "::1".to_owned(),
+            ]
+        );
+        // A name already there is not repeated.
+        assert_eq!(
+            self_managed_names(&["--webhook-extra-names", svc])
+                .unwrap()
+                .len(),
+            2
+        );
+        for bad in ["127.0.0.1,,x.example", "0.0.0.0", "::", "not a name", " "] {
+            let e = self_managed_names(&["--webhook-extra-names", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("CRO_WEBHOOK_EXTRA_NAMES"), "{bad}: {e}");
+        }
+        // Without a self-managed certificate there is nothing to name them in.
+        let e = Cli::parse_from([
+            "cro",
+            "--webhook-cert",
+            "/c",
+            "--webhook-key",
+            "/k",
+            "--webhook-extra-names",
+            "127.0.0.1",
+        ])
+        .run
+        .into_config()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--webhook-self-managed"), "{e}");
+    }
+
+    /// Go parity (issue 29): controller-runtime skips the webhook when ENABLE_WEBHOOKS is
+    /// exactly "false", whatever else is configured; any other value changes nothing.
+    #[test]
+    fn enable_webhooks_false_turns_the_webhook_off() {
+        let with = |value: &str, rest: &[&str]| {
+            let mut argv = vec!["cro", "--enable-webhooks", value];
+            argv.extend_from_slice(rest);
+            Cli::parse_from(argv).run.into_config()
+        };
+        for rest in [
+            &["--webhook-self-managed"][..],
+            &["--webhook-cert", "/c", "--webhook-key", "/k"],
+            // Even settings that would be refused: the webhook is not set up at all.
+            &["--webhook-cert", "/c"],
+        ] {
+            let c = with("false", rest).unwrap();
+            assert_eq!(c.webhook, None, "{rest:?}");
+            assert!(c.webhook_disabled_by_env, "{rest:?}");
+        }
+        for other in ["true", "False", "0", ""] {
+            let c = with(other, &["--webhook-self-managed"]).unwrap();
+            assert!(c.webhook.is_some(), "{other:?}");
+            assert!(!c.webhook_disabled_by_env, "{other:?}");
+        }
+        let unset = Cli::parse_from(["cro", "--webhook-self-managed"])
+            .run
+            .into_config()
+            .unwrap();
+        assert!(unset.webhook.is_some() && !unset.webhook_disabled_by_env);
     }
 
     /// The Go manifests mount the webhook's certificate where controller-runtime looks.

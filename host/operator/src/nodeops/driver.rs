@@ -16,8 +16,12 @@ pub(crate) const AGENT_POD_LABEL: &str = "app=cro-node-agent";
 const CONTAINER_DRIVER_ROOT: &str = "/run/nvidia/driver";
 /// The host's root as the node agent mounts it.
 pub(crate) const AGENT_HOST_ROOT: &str = "/host-root";
-/// Where a chroot binary may live in a driver image; the first one present is used.
-const CHROOT_CANDIDATES: &str = "/usr/sbin/chroot /usr/bin/chroot /sbin/chroot /bin/chroot";
+/// Where a chroot binary may live in a driver image; the first one present is used. The
+/// Go operator's trusted paths: only absolute paths are tried, because a chroot found
+/// through the container's PATH could be any binary the image put first on it, and it
+/// would run as root with the host's driver root.
+const CHROOT_CANDIDATES: &str = "/usr/sbin/chroot /usr/bin/chroot /sbin/chroot /bin/chroot \
+/usr/local/sbin/chroot /usr/local/bin/chroot";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DriverSetup {
@@ -104,7 +108,7 @@ impl Driver {
             ],
             DriverSetup::Container => {
                 let wrapper = format!(
-                    "for c in {CHROOT_CANDIDATES}; do if [ -x \"$c\" ]; then exec \"$c\" {CONTAINER_DRIVER_ROOT} sh -c \"$1\"; fi; done; echo 'no chroot binary found' >&2; exit 127"
+                    "for c in {CHROOT_CANDIDATES}; do if [ -x \"$c\" ]; then exec \"$c\" {CONTAINER_DRIVER_ROOT} sh -c \"$1\"; fi; done; echo 'no chroot in the trusted paths {CHROOT_CANDIDATES}, a chroot found only on PATH is not used' >&2; exit 127"
                 );
                 vec![
                     "sh".into(),
@@ -279,6 +283,46 @@ mod tests {
             node: "n1".into(),
             container: Some("nvidia-driver-ctr".into()),
         }
+    }
+
+    /// Go parity (issue 29): the Go operator trusts six chroot paths and never one found
+    /// only on PATH; the wrapper tries exactly those, by absolute path, in order.
+    #[test]
+    fn the_driver_wrapper_uses_only_trusted_chroot_paths() {
+        let container = Driver {
+            setup: DriverSetup::Container,
+            pod: pod(),
+        };
+        let sh = container.host_sh("true");
+        let wrapper = &sh[2];
+        let trusted = [
+            "/usr/sbin/chroot",
+            "/usr/bin/chroot",
+            "/sbin/chroot",
+            "/bin/chroot",
+            "/usr/local/sbin/chroot",
+            "/usr/local/bin/chroot",
+        ];
+        assert!(
+            wrapper.contains(&format!("for c in {}; do", trusted.join(" "))),
+            "{wrapper}"
+        );
+        // Only the loop variable is executed: no bare `chroot` looked up on PATH.
+        assert!(
+            wrapper.contains("exec \"$c\" /run/nvidia/driver sh -c \"$1\""),
+            "{wrapper}"
+        );
+        assert!(!wrapper.contains("command -v") && !wrapper.contains("which "));
+        // When none is there, the error names the trusted paths and says PATH is not used.
+        let error = wrapper
+            .split("echo ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no error message in {wrapper}"));
+        assert!(error.contains(&trusted.join(" ")), "{error}");
+        assert!(
+            error.contains("a chroot found only on PATH is not used"),
+            "{error}"
+        );
     }
 
     #[test]

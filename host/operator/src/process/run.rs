@@ -211,6 +211,13 @@ impl Operator {
             namespace = %self.config.namespace,
             "cro starting"
         );
+        // Said apart from "webhook=off": the certificate settings may ask for a webhook
+        // that the Go operator's switch overrides, which would otherwise puzzle a reader.
+        if self.config.webhook_disabled_by_env {
+            tracing::info!(
+                "ENABLE_WEBHOOKS=false: the webhook is off, whatever its certificate settings say"
+            );
+        }
     }
 
     /// Runs until `shutdown` resolves (Ok) or the operator cannot go on (Err: lost

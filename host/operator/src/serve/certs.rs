@@ -705,6 +705,60 @@ mod tests {
         assert_eq!(decide(Some(&m), &names(), at(3000), &p), Renewal::All);
     }
 
+    /// Issue 23: with `webhook.url: https://127.0.0.1:9443` the API server checks the
+    /// certificate against the IP, so an IP among the names must become an IP SAN (rcgen's
+    /// `CertificateParams::new` parses each name as an IP first). A verifier that trusts
+    /// the CA must accept the serving certificate for that IP and for the Service name,
+    /// and refuse it for an IP it does not name.
+    #[test]
+    fn an_ip_among_the_names_is_an_ip_san_a_tls_client_accepts() {
+        use rustls::client::WebPkiServerVerifier;
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{ServerName, UnixTime};
+
+        let names = vec!["cro-webhook.ns.svc".to_owned(), "127.0.0.1".to_owned()];
+        let m = renew(None, Renewal::All, &names, at(0), &policy())
+            .unwrap()
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(m.ca.cert_pem.as_bytes()).unwrap())
+            .unwrap();
+        let verifier = WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let serving = CertificateDer::from_pem_slice(m.serving.cert_pem.as_bytes()).unwrap();
+        let now = UnixTime::since_unix_epoch(Duration::from_secs(
+            u64::try_from(at(10).timestamp()).unwrap(),
+        ));
+        let verify = |host: &'static str| {
+            verifier.verify_server_cert(
+                &serving,
+                &[],
+                &ServerName::try_from(host).unwrap(),
+                &[],
+                now,
+            )
+        };
+        verify("127.0.0.1").expect("the IP SAN is accepted");
+        verify("cro-webhook.ns.svc").expect("the Service name is accepted");
+        assert!(verify("127.0.0.2").is_err(), "an IP not named is refused");
+        // Adding the name to an existing certificate reissues it.
+        let before = renew(None, Renewal::All, &names[..1], at(0), &policy())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            decide(Some(&before), &names, at(1), &policy()),
+            Renewal::Serving
+        );
+        let m = Material::from_secret(&m.to_secret("ns", "tls", None)).unwrap();
+        assert_eq!(m.dns_names, names, "the names survive the Secret");
+        assert_eq!(decide(Some(&m), &names, at(1), &policy()), Renewal::Keep);
+    }
+
     #[test]
     fn serving_never_outlives_its_ca() {
         let p = CertPolicy {
