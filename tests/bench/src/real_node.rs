@@ -290,16 +290,7 @@ async fn driver_pod(client: &kube::Client) -> Result<PodRef> {
             .into_iter()
             .find(running_and_ready)
         {
-            return Ok(PodRef {
-                namespace: GPU_NS.into(),
-                name: pod.name_any(),
-                node: NODE_NAME.into(),
-                container: pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.containers.first())
-                    .map(|c| c.name.clone()),
-            });
+            return Ok(crate::common::real::driver_pod_ref(&pod));
         }
         if start.elapsed() > phase_deadline() {
             bail!("no Ready driver pod on {NODE_NAME}");

@@ -8,13 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cro_operator::nodeops::{CommandRunner, KubeExecRunner};
+use cro_operator::nodeops::{CommandRunner, KubeExecRunner, PodRef};
 use fabric_sim::FabricSim;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube_harness::real_node::{RealNode, STANDIN_IMAGE};
+use kube::ResourceExt;
+use kube_harness::real_node::{NODE_NAME, RealNode, STANDIN_IMAGE};
 use node_sim::{NodeOptions, NodeSetup, RealNodeSide, SimNodes, Standin};
 
-use super::OPERATOR_NS;
+use super::{GPU_NS, OPERATOR_NS};
 
 /// How long one node command may run before the operator gives up on it (the real
 /// runner's default is 120 s; the exec-timeout test wants to see it end sooner).
@@ -83,5 +85,20 @@ impl StartedNode {
             nodes,
             runner,
         )
+    }
+}
+
+/// The GPU operator's driver pod `pod` on the real node, as the operator's runner
+/// addresses it (its first container).
+pub fn driver_pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        namespace: GPU_NS.into(),
+        name: pod.name_any(),
+        node: NODE_NAME.into(),
+        container: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .map(|c| c.name.clone()),
     }
 }

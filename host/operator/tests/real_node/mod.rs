@@ -302,16 +302,7 @@ async fn driver_pod(env: &Env) -> PodRef {
         .find(cro_operator::nodeops::running_and_ready)
     })
     .await;
-    PodRef {
-        namespace: GPU_NS.into(),
-        name: pod.name_any(),
-        node: NODE_NAME.into(),
-        container: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .map(|c| c.name.clone()),
-    }
+    crate::common::real::driver_pod_ref(&pod)
 }
 
 fn standin(env: &Env) -> &node_sim::Standin {
@@ -491,8 +482,6 @@ async fn wait_exec_started<T>(
             .then_some(())
     })
     .await;
-    // Let the stream settle before the test breaks it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
 /// A pod of the driver's shape whose container never starts (its image does not exist
