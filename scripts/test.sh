@@ -10,6 +10,13 @@ source "$ROOT/scripts/setup.sh"
 
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+# One pass over a clean tree gains nothing from incremental state, and it was the
+# largest thing in target/ (6 of 16 GB): a CI disk ran out linking a test binary.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The disk this run needs, printed at the end (and on failure) so growth is seen early.
+report_disk() { echo "disk: target/ $(du -sh "$ROOT/target" 2>/dev/null | cut -f1); free on its filesystem $(df -h --output=avail "$ROOT" | tail -n 1 | tr -d ' ')"; }
+trap report_disk EXIT
+
 step "control-plane binaries (kube-apiserver, etcd)"
 t0=$(date +%s)
 BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
