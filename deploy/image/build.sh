@@ -59,8 +59,9 @@ fi
 objcopy --strip-all "$bin" "$ctx/cro"
 t1=$(date +%s)
 CARGO_TARGET_DIR="$ROOT/target/wasm" cargo build --locked --profile component \
-  --target wasm32-wasip2 -p fti-provider
+  --target wasm32-wasip2 -p fti-provider -p nec-provider
 cp "$ROOT/target/wasm/wasm32-wasip2/component/fti_provider.wasm" "$ctx/"
+cp "$ROOT/target/wasm/wasm32-wasip2/component/nec_provider.wasm" "$ctx/"
 cp "$ROOT/deploy/image/Containerfile" "$ctx/"
 t2=$(date +%s)
 bah bud --isolation chroot --quiet --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
@@ -107,8 +108,8 @@ if ((check)); then
   trap 'bah rm "$mnt_ctr" >/dev/null 2>&1 || true; rm -rf "$ctx"' EXIT
   mnt="$(bah mount "$mnt_ctr")"
   files="$(cd "$mnt" && find . -type f | sort | tr '\n' ' ')"
-  [[ "$files" == "./cro ./opt/cro/providers/fti_provider.wasm " ]] || fail "unexpected files in the image: $files"
-  bytes=$(( $(stat -c %s "$mnt/cro") + $(stat -c %s "$mnt/opt/cro/providers/fti_provider.wasm") ))
+  [[ "$files" == "./cro ./opt/cro/providers/fti_provider.wasm ./opt/cro/providers/nec_provider.wasm " ]] || fail "unexpected files in the image: $files"
+  bytes=$(( $(stat -c %s "$mnt/cro") + $(stat -c %s "$mnt/opt/cro/providers/fti_provider.wasm") + $(stat -c %s "$mnt/opt/cro/providers/nec_provider.wasm") ))
   ((bytes < max)) || fail "image content is $bytes bytes (limit $max)"
   # A container runtime gives every container a /dev; a bare chroot has none. Loading a
   # 0.2.0 component instantiates it (describe()), and its WASI context seeds random
@@ -128,6 +129,8 @@ if ((check)); then
   [[ "$out" == "cro $version" ]] || fail "version: $out"
   chroot --userspec=65532:65532 "$mnt" /cro provider inspect /opt/cro/providers/fti_provider.wasm >/dev/null \
     || fail "the FTI component in the image cannot be loaded by its binary"
+  chroot --userspec=65532:65532 "$mnt" /cro provider inspect /opt/cro/providers/nec_provider.wasm >/dev/null \
+    || fail "the NEC component in the image cannot be loaded by its binary"
   for d in "${devs[@]}"; do umount "$mnt/dev/$d"; done
   bah umount "$mnt_ctr" >/dev/null
   log "checked: entrypoint /cro run, user 65532, labels, files, $bytes bytes of content"

@@ -1,11 +1,13 @@
 //! The `cro` command line: `cro run` (the operator), `cro status` (requests, devices,
-//! nodes and errors), `cro crds` (the CRD manifests), `cro provider ...` (provider
-//! components: `inspect`, `call`, `test`, `new`).
+//! nodes and errors), `cro crds` (the CRD manifests), `cro before-uninstall` (what an
+//! uninstall must do first), `cro provider ...` (provider components: `inspect`, `call`,
+//! `test`, `new`).
 
 pub mod inspect;
 pub mod provider;
 pub mod scaffold;
 pub mod status;
+pub mod uninstall;
 
 use std::process::ExitCode;
 
@@ -41,6 +43,12 @@ pub enum Command {
     ///
     /// Apply them with `cro crds | kubectl apply -f -`.
     Crds,
+    /// Run before deleting the operator (the chart's pre-delete hook runs it): refuse
+    /// while requests or devices exist, listing them, or with `--detach` delete them and
+    /// wait until every device is detached; then scale the operator's Deployment to zero
+    /// and wait for its pods, so the leader Lease is released. Exits 1 on a refusal or at
+    /// the deadline, having changed nothing that loses work.
+    BeforeUninstall(uninstall::BeforeUninstallArgs),
     /// Work with provider components (WebAssembly components of the cro:provider world).
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -80,6 +88,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", crds_yaml()?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::BeforeUninstall(args) => before_uninstall_command(&args),
         Command::Provider(ProviderCommand::Inspect(args)) => inspect::inspect_command(&args),
         Command::Provider(ProviderCommand::Call(args)) => provider::call_command(&args),
         Command::Provider(ProviderCommand::Test(args)) => provider::test_command(&args),
@@ -127,6 +136,25 @@ fn status_command() -> anyhow::Result<ExitCode> {
     })?;
     print!("{table}");
     Ok(ExitCode::SUCCESS)
+}
+
+fn before_uninstall_command(args: &uninstall::BeforeUninstallArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot reach the cluster (KUBECONFIG or in-cluster)")?;
+        let mut out = std::io::stdout();
+        anyhow::Ok(uninstall::before_uninstall(client, args, &mut out).await?)
+    })?;
+    Ok(match outcome {
+        uninstall::Outcome::Ready => ExitCode::SUCCESS,
+        uninstall::Outcome::Refused | uninstall::Outcome::TimedOut => ExitCode::FAILURE,
+    })
 }
 
 /// An error and its causes on one line. Many library errors already print their source

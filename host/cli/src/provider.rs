@@ -120,7 +120,7 @@ pub struct TestArgs {
     /// The provider component (`.wasm`).
     pub component: PathBuf,
     /// The simulated fabric (default: chosen from the provider's describe()).
-    #[arg(long, value_name = "fti|redfish")]
+    #[arg(long, value_name = "fti|redfish|nec")]
     pub fabric: Option<String>,
     /// For an FTI provider: the simulated API to run against (default: `cm` when the
     /// provider declares the config key `cluster_id`, else `fm`). A provider that
@@ -601,7 +601,7 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
         None => None,
         Some(f) => Some(
             FabricKind::parse(f)
-                .with_context(|| format!("--fabric must be fti or redfish, not {f:?}"))?,
+                .with_context(|| format!("--fabric must be fti, redfish or nec, not {f:?}"))?,
         ),
     };
     opts.fti_api = match &args.fti_api {

@@ -396,6 +396,56 @@ fn provider_test_reports_and_exits_by_the_result() {
     );
 }
 
+/// The NEC CDIM component is certified against the CDIM simulator: every check of the
+/// suite, lost replies included, and the two checks of a fabric whose attaches are jobs
+/// (a failed and a rolled-back layout apply), which only such a fabric runs.
+#[test]
+fn provider_test_certifies_the_nec_component_against_the_cdim_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("nec.json");
+    let nec = cro_test_support::component("nec-provider");
+    let (ok, stdout, stderr) = cro_str(&[
+        "provider",
+        "test",
+        nec.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains(" against nec"), "{stdout}");
+    for check in [
+        "lost-reply-retry",
+        "fault-lost-attach",
+        "failed-job",
+        "rolled-back-job",
+        "in-progress",
+    ] {
+        assert!(
+            stdout.contains(&format!("PASS {check} ")),
+            "{check}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("PASSED: 21 passed, 0 failed, 0 skipped"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    // The fabric can be named too; FTI's API option is refused for it.
+    let (ok, _, stderr) = cro_str(&[
+        "provider",
+        "test",
+        nec.to_str().unwrap(),
+        "--fabric",
+        "nec",
+        "--fti-api",
+        "fm",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("FTI only"), "{stderr}");
+}
+
 /// The shell commands of the marked block of docs/vendors.md.
 fn guide_commands() -> Vec<String> {
     let root = cro_test_support::workspace_root();

@@ -471,3 +471,135 @@ async fn cro_run_works_under_the_charts_service_account() {
         .and_then(|s| s.holder_identity);
     assert_eq!(holder, None, "the Lease was released on SIGTERM");
 }
+
+/// `cro before-uninstall` against a real API server (no kubelet: the operator's pods are
+/// plain objects here; the real-node tests run it against a real operator): a live
+/// request makes it refuse, changing nothing; `--detach` deletes requests and devices;
+/// then the Deployment goes to zero and a Lease naming a pod that is gone is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_uninstall_refuses_then_detaches_scales_down_and_frees_the_lease() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, PostParams};
+    use serde_json::json;
+
+    const NS: &str = "cro-uninstall";
+    let harness = kube_harness::Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    let kubeconfig = harness
+        .kubeconfig_path()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let post = PostParams::default();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&post, &ns)
+        .await
+        .unwrap();
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "cro-controller", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"control-plane": "controller-manager"}},
+            "template": {
+                "metadata": {"labels": {"control-plane": "controller-manager"}},
+                "spec": {"containers": [{"name": "manager", "image": "localhost/cro:test"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments.create(&post, &deployment).await.unwrap();
+    // The Lease of a replica killed before it could release it.
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "c5744f42.hpsys.ibm.ie.com", "namespace": NS},
+        "spec": {"holderIdentity": "cro-controller-killed", "leaseDurationSeconds": 15},
+    }))
+    .unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases.create(&post, &lease).await.unwrap();
+    let requests: Api<cro_api::ComposabilityRequest> = Api::all(client.clone());
+    let request: cro_api::ComposabilityRequest = serde_json::from_value(json!({
+        "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposabilityRequest",
+        "metadata": {"name": "training"},
+        "spec": {"resource": {"type": "gpu", "model": "A100", "size": 2}},
+    }))
+    .unwrap();
+    requests.create(&post, &request).await.unwrap();
+
+    let run = |extra: &'static [&'static str]| {
+        let kubeconfig = kubeconfig.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec![
+                "before-uninstall",
+                "--namespace",
+                NS,
+                "--deployment",
+                "cro-controller",
+                "--timeout",
+                "30s",
+            ];
+            args.extend_from_slice(extra);
+            cro(&args, &[("KUBECONFIG", &kubeconfig)])
+        })
+    };
+    let out = run(&[]).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("refusing to uninstall: 1 ComposabilityRequest(s)")
+            && said.contains("training"),
+        "{said}"
+    );
+    assert!(requests.get_opt("training").await.unwrap().is_some());
+    let replicas = |d: Deployment| d.spec.replicas;
+    assert_eq!(
+        replicas(deployments.get("cro-controller").await.unwrap()),
+        Some(2)
+    );
+
+    let out = run(&["--detach"]).await.unwrap();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(requests.get_opt("training").await.unwrap().is_none());
+    assert_eq!(
+        replicas(deployments.get("cro-controller").await.unwrap()),
+        Some(0)
+    );
+    assert!(
+        leases
+            .get_opt("c5744f42.hpsys.ibm.ie.com")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        said.contains("still named cro-controller-killed, whose pod is gone: deleted"),
+        "{said}"
+    );
+
+    // A Deployment that is not there is an error that names it.
+    let out = tokio::task::spawn_blocking(move || {
+        cro(
+            &[
+                "before-uninstall",
+                "--namespace",
+                NS,
+                "--deployment",
+                "nope",
+            ],
+            &[("KUBECONFIG", &kubeconfig)],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("the Deployment cro-uninstall/nope does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -18,6 +18,8 @@ pub enum FabricKind {
     Fti,
     /// A DMTF Redfish composition service (`simulators/redfish`).
     Redfish,
+    /// NEC CDI Manager (`simulators/cdim`): asynchronous layout applies.
+    Nec,
 }
 
 impl FabricKind {
@@ -25,6 +27,7 @@ impl FabricKind {
         match self {
             FabricKind::Fti => "fti",
             FabricKind::Redfish => "redfish",
+            FabricKind::Nec => "nec",
         }
     }
 
@@ -32,6 +35,7 @@ impl FabricKind {
         match s.to_ascii_lowercase().as_str() {
             "fti" => Some(FabricKind::Fti),
             "redfish" => Some(FabricKind::Redfish),
+            "nec" | "cdim" => Some(FabricKind::Nec),
             _ => None,
         }
     }
@@ -43,6 +47,9 @@ impl FabricKind {
         let http = info.capabilities.http.join(" ").to_ascii_lowercase();
         if http.contains("/redfish") {
             return Some(FabricKind::Redfish);
+        }
+        if http.contains("/cdim/api") {
+            return Some(FabricKind::Nec);
         }
         if http.contains("fabric_manager") || http.contains("cluster_manager") {
             return Some(FabricKind::Fti);
@@ -145,6 +152,20 @@ pub trait Fabric: Send + Sync {
     fn set_slow(&self, delay: Option<Duration>) -> Result<(), String>;
     /// Puts the device's health to warning (`true`) or back to OK.
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String>;
+    /// Whether [`Fabric::fail_next_job`] works here: attaches are jobs it can fail.
+    fn fails_jobs(&self) -> bool {
+        false
+    }
+    /// Makes the next attach job the fabric accepts end in failure, or (`rollback`) be
+    /// rolled back after acting; or says why this fabric cannot. The suite runs its
+    /// job checks only against fabrics that can.
+    fn fail_next_job(&self, rollback: bool) -> Result<(), String> {
+        let _ = rollback;
+        Err(format!(
+            "the {} driver cannot make an attach job fail",
+            self.kind().as_str()
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -187,5 +208,13 @@ mod tests {
         assert_eq!(FabricKind::from_info(&unknown), None);
         assert_eq!(FabricKind::parse("Redfish"), Some(FabricKind::Redfish));
         assert_eq!(FabricKind::parse("sunfish"), None);
+        let nec = info(
+            "x",
+            "y",
+            &["${configuration_manager_endpoint}/cdim/api/v1/*"],
+            &["configuration_manager_endpoint"],
+        );
+        assert_eq!(FabricKind::from_info(&nec), Some(FabricKind::Nec));
+        assert_eq!(FabricKind::parse("NEC"), Some(FabricKind::Nec));
     }
 }

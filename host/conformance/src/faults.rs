@@ -162,6 +162,101 @@ async fn retried_after_fault(
     }
 }
 
+/// `failed-job` / `rolled-back-job`: the fabric accepts the attach, then its job fails
+/// (or acts and is rolled back). The provider owes a typed error (not `attached`, not
+/// `other`) and must leave nothing attached; the retry of the same attempt then attaches
+/// exactly one device, which is detached.
+pub(crate) async fn job_fails(
+    run: &mut Run,
+    t: &Target,
+    rollback: bool,
+    name: &str,
+    dev1: Option<&AttachedDevice>,
+) -> Verdict {
+    let (fabric, machine, model) = (t.fabric(), t.machine.as_str(), t.model.as_str());
+    let what = if rollback {
+        "a rolled-back attach job"
+    } else {
+        "a failed attach job"
+    };
+    let r = resource(
+        &format!("conformance-{name}"),
+        NODE,
+        wanted_type(run),
+        model,
+    );
+    let claims: Vec<Claim> = dev1
+        .map(|d| {
+            claim(
+                &resource("conformance-dev-1", NODE, r.device_type, model),
+                d,
+            )
+        })
+        .into_iter()
+        .collect();
+    let req = request(&r, &format!("attempt-{name}"), claims);
+    let before = fabric.attached(machine).len();
+    if let Err(why) = fabric.fail_next_job(rollback) {
+        return crate::run::skip(why);
+    }
+    let end = Instant::now() + crate::run::SETTLE;
+    let first = loop {
+        match run.add(&req).await {
+            Ok(AddOutcome::InProgress(_)) if Instant::now() < end => {
+                tokio::time::sleep(crate::run::POLL).await;
+            }
+            other => break other,
+        }
+    };
+    fabric.clear_faults();
+    let typed = match first {
+        Ok(AddOutcome::Attached(d)) => {
+            let _ = run.detach(&with_device(&r, &d)).await;
+            return fail(format!(
+                "{what} was reported attached (device {})",
+                d.device_id
+            ));
+        }
+        Ok(AddOutcome::InProgress(w)) => {
+            return fail(format!(
+                "{what} was still in progress after {} s ({w})",
+                crate::run::SETTLE.as_secs()
+            ));
+        }
+        Err(CallError::Provider(ProviderError::Other(m))) => {
+            return fail(format!(
+                "{what} was reported as the untyped `other` error ({m}); use fabric or critical"
+            ));
+        }
+        Err(e) => format!("{what} gave `{e}`"),
+    };
+    let left = fabric.attached(machine).len();
+    if left != before {
+        return fail(format!(
+            "{typed}, but the machine holds {left} devices, {before} before"
+        ));
+    }
+    match run.attach(&req).await {
+        Err(e) => fail(format!("{typed}, but the retry failed: {e}")),
+        Ok(d) => {
+            let after = fabric.attached(machine).len();
+            let cleanup = run.detach(&with_device(&r, &d)).await;
+            if after != before + 1 {
+                fail(format!(
+                    "{typed}; the retry left {after} devices on the machine, {} expected",
+                    before + 1
+                ))
+            } else if let Err(e) = cleanup {
+                fail(format!("{typed}; detaching the retried device failed: {e}"))
+            } else {
+                pass(format!(
+                    "{typed}; nothing was left attached and the retry attached one device"
+                ))
+            }
+        }
+    }
+}
+
 /// The device type the suite asks for.
 fn wanted_type(run: &Run) -> DeviceType {
     wanted_device(run.info.as_ref()).0

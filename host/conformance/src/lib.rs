@@ -26,6 +26,7 @@ pub mod fabric;
 mod faults;
 pub mod fti;
 mod lab;
+pub mod nec;
 pub mod redfish;
 pub mod report;
 mod run;

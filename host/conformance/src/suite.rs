@@ -14,6 +14,7 @@ use crate::checks::{declared_verdict, denied_verdict, describe_verdict, resource
 use crate::fabric::{Fabric, FabricKind, FaultKind};
 use crate::faults;
 use crate::fti::{FtiApi, FtiFabric};
+use crate::nec::NecFabric;
 use crate::redfish::RedfishFabric;
 use crate::report::Report;
 use crate::run::{
@@ -105,6 +106,26 @@ pub(crate) const SIMULATED: &[Row] = &[
     Row::new(CheckId::Resources, &[]),
 ];
 
+/// The checks of a fabric whose attaches are jobs it can make fail
+/// ([`Fabric::fails_jobs`]), run after the faulted attaches.
+const JOBS: &[Row] = &[
+    Row::new(CheckId::FailedJob, &[]),
+    Row::new(CheckId::RolledBackJob, &[]),
+];
+
+/// The simulated table of a run; `jobs`: with the job checks.
+pub(crate) fn simulated_table(jobs: bool) -> Vec<Row> {
+    let mut table = SIMULATED.to_vec();
+    if jobs {
+        let at = table
+            .iter()
+            .position(|r| r.check == CheckId::FaultLostAttach)
+            .map_or(table.len(), |i| i + 1);
+        table.splice(at..at, JOBS.iter().copied());
+    }
+    table
+}
+
 /// The checks of the device `attach` attached.
 const ATTACHED: &[Need] = &[Need::Passed(CheckId::Attach)];
 
@@ -113,7 +134,7 @@ pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
     let started = Instant::now();
     let component = Component::open(&opts.component, opts.runtime.clone()).await?;
     let kind = fabric_kind(opts.fabric, component.info.as_ref())?;
-    if let (Some(_), FabricKind::Redfish) = (opts.fti_api, kind) {
+    if let (Some(_), FabricKind::Redfish | FabricKind::Nec) = (opts.fti_api, kind) {
         return Err(SuiteError::FtiApiForOtherFabric(kind.as_str()));
     }
     let fti_api = opts
@@ -122,9 +143,11 @@ pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
     let fabric: Box<dyn Fabric> = match kind {
         FabricKind::Fti => Box::new(FtiFabric::start(fti_api)?),
         FabricKind::Redfish => Box::new(RedfishFabric::start()?),
+        FabricKind::Nec => Box::new(NecFabric::start()?),
     };
+    let table = simulated_table(fabric.fails_jobs());
     let mut suite = Simulated::start(opts, component, kind, fabric).await?;
-    run_table(&mut suite, SIMULATED).await?;
+    run_table(&mut suite, &table).await?;
     Ok(suite
         .run
         .report(&opts.component, fabric_name(kind, fti_api), started))
@@ -337,6 +360,11 @@ impl Suite for Simulated<'_> {
                 self.fault_on_attach(check, FaultKind::MalformedBody).await
             }
             CheckId::FaultLostAttach => self.fault_on_attach(check, FaultKind::LostRequest).await,
+            CheckId::FailedJob | CheckId::RolledBackJob => {
+                let rollback = check == CheckId::RolledBackJob;
+                let (run, t) = (&mut self.run, &self.target);
+                faults::job_fails(run, t, rollback, check.name(), self.dev1.as_ref()).await
+            }
             CheckId::Deadline => self.deadline().await?,
             CheckId::Denied => self.denied().await?,
             CheckId::DeclaredCapabilities => declared_verdict(&self.run),

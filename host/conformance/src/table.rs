@@ -26,6 +26,8 @@ pub(crate) enum CheckId {
     Fault5xxAttach,
     FaultMalformedAttach,
     FaultLostAttach,
+    FailedJob,
+    RolledBackJob,
     Deadline,
     Denied,
     DeclaredCapabilities,
@@ -51,6 +53,8 @@ impl CheckId {
             CheckId::Fault5xxAttach => "fault-5xx-attach",
             CheckId::FaultMalformedAttach => "fault-malformed-attach",
             CheckId::FaultLostAttach => "fault-lost-attach",
+            CheckId::FailedJob => "failed-job",
+            CheckId::RolledBackJob => "rolled-back-job",
             CheckId::Deadline => "deadline",
             CheckId::Denied => "denied",
             CheckId::DeclaredCapabilities => "declared-capabilities",
@@ -166,6 +170,7 @@ mod tests {
     #[test]
     fn the_tables_are_well_formed() {
         assert_well_formed(crate::suite::SIMULATED);
+        assert_well_formed(&crate::suite::simulated_table(true));
         assert_well_formed(crate::lab::LAB);
     }
 

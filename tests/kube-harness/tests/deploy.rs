@@ -608,6 +608,83 @@ webhook: {bindAddress: 127.0.0.1}
     assert_eq!(env.last().unwrap()["name"], "RUST_LOG");
 }
 
+/// `helm uninstall` runs `cro before-uninstall` first, where the operator runs and with
+/// the rights it needs: listing requests always, deleting them only with `detach`.
+#[test]
+fn uninstall_hook_refuses_or_detaches_where_the_operator_runs() {
+    let hook = |yaml: &str| {
+        let objs = render_yaml(yaml, &[]);
+        let job = find(&objs, "Job", "cro-before-uninstall").clone();
+        let role = find(&objs, "ClusterRole", "cro-before-uninstall").clone();
+        (job, role)
+    };
+    let verbs = |role: &Value| -> Vec<String> {
+        role["rules"][0]["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (job, role) = hook("");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
+    assert_eq!(
+        job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"], "hook-failed",
+        "helm must print the refusal"
+    );
+    assert_eq!(job["spec"]["backoffLimit"], 0);
+    let pod = &job["spec"]["template"]["spec"];
+    let args = args_of(&pod["containers"][0]);
+    assert_eq!(
+        args,
+        [
+            "before-uninstall",
+            "--namespace=composable-resource-operator-system",
+            "--deployment=cro-controller",
+            "--lease=c5744f42.hpsys.ibm.ie.com",
+            "--timeout=240s",
+        ]
+    );
+    assert_eq!(verbs(&role), ["get", "list"], "refuse never deletes");
+    // The hook's pod is not one of the operator's: scaling to zero must not wait on it.
+    assert!(
+        job["spec"]["template"]["metadata"]["labels"]
+            .get("control-plane")
+            .is_none()
+    );
+
+    let (job, role) = hook(
+        r#"
+uninstall: {liveRequests: detach, timeoutSeconds: 100}
+hostNetwork: true
+extraEnv: [{name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}]
+nodeSelector: {pool: ops}
+"#,
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    let args = args_of(&pod["containers"][0]);
+    assert!(
+        args.contains(&"--detach") && args.contains(&"--timeout=100s"),
+        "{args:?}"
+    );
+    assert_eq!(job["spec"]["activeDeadlineSeconds"], 160);
+    assert_eq!(verbs(&role), ["get", "list", "delete"]);
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["nodeSelector"]["pool"], "ops");
+    assert_eq!(
+        env_value(&pod["containers"][0], "KUBERNETES_SERVICE_HOST"),
+        Some("127.0.0.1")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = values_file(dir.path(), "bad", "uninstall: {liveRequests: later}");
+    let err = try_render(NS, &bad, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("uninstall.liveRequests must be refuse or detach"),
+        "{err}"
+    );
+}
+
 /// webhook.url: the API server calls the URL (plus each webhook's path), not the Service.
 #[test]
 fn webhook_url_replaces_the_service() {
@@ -866,33 +943,72 @@ async fn the_default_chart_installs_on_a_fresh_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kustomize_tree_is_the_charts_rendering_and_is_accepted() {
     let kustomize_dir = Path::new(DEPLOY_DIR).join("kustomize");
-    let fresh = tempfile::NamedTempFile::new().unwrap();
+    let fresh = tempfile::tempdir().unwrap();
     let status = std::process::Command::new("bash")
         .arg(kustomize_dir.join("generate.sh"))
         .arg(fresh.path())
         .status()
         .unwrap();
     assert!(status.success());
-    let committed = std::fs::read_to_string(kustomize_dir.join("cro.yaml")).unwrap();
-    assert!(
-        std::fs::read_to_string(fresh.path()).unwrap() == committed,
-        "deploy/kustomize/cro.yaml is not the chart's rendering: run deploy/kustomize/generate.sh"
-    );
+    for file in [
+        "operator/cro.yaml",
+        "prerequisites/crds.yaml",
+        "gpu-operator/rbac.yaml",
+    ] {
+        let committed = std::fs::read_to_string(kustomize_dir.join(file)).unwrap();
+        assert!(
+            std::fs::read_to_string(fresh.path().join(file)).unwrap() == committed,
+            "deploy/kustomize/{file} is not the chart's rendering: run deploy/kustomize/generate.sh"
+        );
+    }
 
     let kustomize = tools::locate(Tool::Kustomize).unwrap();
-    let built = tools::run(
-        &kustomize,
-        &["build", kustomize_dir.to_str().unwrap()],
-        &kustomize_dir,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let objs = manifests::parse(&built).unwrap();
-    // kustomize must hand the chart's objects over unchanged in identity (no object moved
-    // to another namespace or renamed), plus the Namespace.
+    let build = |dir: &Path| {
+        let built = tools::run(&kustomize, &["build", dir.to_str().unwrap()], dir)
+            .unwrap_or_else(|e| panic!("{e}"));
+        manifests::parse(&built).unwrap()
+    };
+    let prerequisites = build(&kustomize_dir.join("prerequisites"));
+    let operator = build(&kustomize_dir);
     let ids = |m: &[Manifest]| -> BTreeSet<String> { m.iter().map(Manifest::describe).collect() };
-    let mut expected = ids(&manifests::parse(&committed).unwrap());
+    // kustomize must hand the chart's objects over unchanged in identity (no object moved
+    // to another namespace or renamed).
+    let committed = std::fs::read_to_string(kustomize_dir.join("operator/cro.yaml")).unwrap();
+    assert_eq!(ids(&operator), ids(&manifests::parse(&committed).unwrap()));
+    // What `kubectl delete -k deploy/kustomize` deletes holds nothing of users' work: no
+    // CRD (its deletion deletes every request), no Namespace (it holds the
+    // administrator's credentials Secret), no Secret, and no helm hook.
+    for obj in &operator {
+        let kind = obj.kind.as_str();
+        assert!(
+            !matches!(
+                kind,
+                "CustomResourceDefinition" | "Namespace" | "Secret" | "Job"
+            ),
+            "the operator's tree deletes {} with it",
+            obj.describe()
+        );
+    }
+    let mut expected: BTreeSet<String> = chart_crd_names()
+        .into_iter()
+        .map(|n| format!("CustomResourceDefinition {n}"))
+        .collect();
     expected.insert(format!("Namespace {NS}"));
-    assert_eq!(ids(&objs), expected);
+    assert_eq!(ids(&prerequisites), expected);
+
+    // The GPU operator's Role, for overlays of clusters that have it: only objects in its
+    // namespace, bound to the operator's ServiceAccount.
+    let gpu_operator = manifests::parse(
+        &std::fs::read_to_string(kustomize_dir.join("gpu-operator/rbac.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        ids(&gpu_operator),
+        BTreeSet::from([
+            "Role gpu-operator/cro-gpu-operator".to_owned(),
+            "RoleBinding gpu-operator/cro-gpu-operator".to_owned(),
+        ])
+    );
 
     // Like the chart's defaults, the tree needs nothing but Kubernetes: no cert-manager,
     // no Prometheus Operator, no GPU operator's namespace.
@@ -902,8 +1018,74 @@ async fn kustomize_tree_is_the_charts_rendering_and_is_accepted() {
         .await
         .unwrap();
     let client = harness.client().unwrap();
-    let applied = manifests::apply(&client, &objs, true)
-        .await
+    for objs in [&prerequisites, &operator] {
+        let applied = manifests::apply(&client, objs, true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(applied.len(), objs.len());
+    }
+}
+
+/// deploy/kustomize/one-node is the chart's one-node values (docs/deploying.md) as an
+/// overlay: the same pod settings, listener arguments and webhook URL.
+#[test]
+fn one_node_overlay_is_the_charts_one_node_rendering() {
+    let dir = Path::new(DEPLOY_DIR).join("kustomize/one-node");
+    let kustomize = tools::locate(Tool::Kustomize).unwrap();
+    let built = tools::run(&kustomize, &["build", dir.to_str().unwrap()], &dir)
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(applied.len(), objs.len());
+    let overlay = manifests::parse(&built).unwrap();
+    let chart = render_yaml(
+        r#"
+replicaCount: 1
+hostNetwork: true
+metrics: {bindAddress: 127.0.0.1}
+probes: {bindAddress: 127.0.0.1}
+webhook: {bindAddress: 127.0.0.1, url: "https://127.0.0.1:9443", extraNames: [127.0.0.1]}
+gpuOperator: {rbac: false}
+"#,
+        &[],
+    );
+    let deployment = |objs: &[Manifest]| find(objs, "Deployment", "cro-controller").clone();
+    let (o, c) = (deployment(&overlay), deployment(&chart));
+    assert_eq!(o["spec"]["replicas"], c["spec"]["replicas"]);
+    assert_eq!(o["spec"]["strategy"], c["spec"]["strategy"]);
+    let (op, cp) = (
+        &o["spec"]["template"]["spec"],
+        &c["spec"]["template"]["spec"],
+    );
+    assert_eq!(op["hostNetwork"], cp["hostNetwork"]);
+    assert_eq!(op["dnsPolicy"], cp["dnsPolicy"]);
+    assert_eq!(
+        args_of(&op["containers"][0]),
+        args_of(&cp["containers"][0]),
+        "the overlay's arguments drifted from the chart's"
+    );
+    assert_eq!(
+        env_value(&op["containers"][0], "KUBERNETES_SERVICE_HOST"),
+        Some("127.0.0.1")
+    );
+    let webhook = |objs: &[Manifest]| {
+        find(
+            objs,
+            "ValidatingWebhookConfiguration",
+            "cro-validating-webhook",
+        )["webhooks"][0]["clientConfig"]
+            .clone()
+    };
+    assert_eq!(webhook(&overlay)["url"], webhook(&chart)["url"]);
+    assert!(webhook(&overlay).get("service").is_none());
+}
+
+/// The CRDs' names, from the chart's crds/ folder.
+fn chart_crd_names() -> Vec<String> {
+    let dir = chart().join("crds");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for m in manifests::parse(&text).unwrap() {
+            names.push(m.name);
+        }
+    }
+    names
 }

@@ -39,7 +39,7 @@ pub enum ConfigError {
 /// Parses `250ms`, `30s`, `10m` or `1h`. A bare number is refused (`0` aside): whether
 /// `--sync-period 20` meant seconds or minutes is the reader's guess, as in Go's
 /// `time.ParseDuration`.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     let t = text.trim();
     let bad = || ConfigError::BadDuration(text.to_owned());
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

@@ -37,7 +37,7 @@ pub fn provider_spec(
             ));
         }
         ProviderSource::GoEnvironment => {
-            let spec = compat::fti_spec_from_env(&env)
+            let spec = compat::spec_from_env(&env)
                 .map_err(|e| OperatorError::Provider(e.to_string()))?
                 .ok_or_else(|| {
                     OperatorError::Config(
@@ -45,26 +45,23 @@ pub fn provider_spec(
                             .into(),
                     )
                 })?;
+            let (var, default, keys) = compat::shipped_component(&spec.name);
             if !spec.component.exists() {
-                let set = env(compat::FTI_COMPONENT_VAR).is_some_and(|v| !v.trim().is_empty());
+                let set = env(var).is_some_and(|v| !v.trim().is_empty());
                 return Err(OperatorError::Provider(format!(
-                    "the FTI component {} does not exist: {}",
+                    "the {} component {} does not exist: {}",
+                    spec.name.to_uppercase(),
                     spec.component.display(),
                     if set {
-                        format!(
-                            "{} names a file that is not there",
-                            compat::FTI_COMPONENT_VAR
-                        )
+                        format!("{var} names a file that is not there")
                     } else {
                         format!(
-                            "set {} to the component's path (the cro image ships it at {})",
-                            compat::FTI_COMPONENT_VAR,
-                            compat::DEFAULT_FTI_COMPONENT
+                            "set {var} to the component's path (the cro image ships it at {default})"
                         )
                     }
                 )));
             }
-            (spec, Some(&compat::FTI_CONFIG_KEYS[..]))
+            (spec, Some(keys))
         }
     };
     let problems = startup::check_spec(&spec, known_keys);

@@ -16,6 +16,8 @@ use kube_harness::real_node::{NODE_NAME, STANDIN_IMAGE};
 use node_sim::ExecFault;
 use serde_json::json;
 
+mod install;
+
 use crate::common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup};
 use crate::common::{CONVERGE, Env, GPU_NS, MODEL, eventually};
 

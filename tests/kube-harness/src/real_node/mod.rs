@@ -276,6 +276,26 @@ impl RealNode {
         host::ctr(&self.paths.containerd_sock, args)
     }
 
+    /// Runs `kubectl <args>` (the one built with the node's binaries) as the cluster's
+    /// admin, in `dir` (where `-k`/`-f` paths are relative to); returns its stdout.
+    pub fn kubectl(&self, args: &[&str], dir: &Path) -> Result<String, RealNodeError> {
+        let out = Command::new(self.bins.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.paths.admin_kubeconfig)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io_err("cannot run kubectl"))?;
+        if !out.status.success() {
+            return Err(RealNodeError::Build {
+                script: format!("kubectl {}", args.join(" ")),
+                message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Stops everything and undoes every change to the host; returns what could not be
     /// undone (empty when all went well).
     pub async fn teardown(mut self) -> Leftovers {

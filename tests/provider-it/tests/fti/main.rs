@@ -5,6 +5,7 @@ mod conformance;
 mod contract;
 mod egress;
 mod fm;
+mod nec;
 mod python;
 mod redfish;
 mod token;
