@@ -36,6 +36,18 @@ fn value_sets() -> Vec<ValueSet> {
     vec![
         ("defaults", NS, String::new(), &[]),
         (
+            "nec",
+            NS,
+            r#"
+provider:
+  mode: nec
+  nec: {cdimIp: 10.1.2.3, layoutApplyPort: 8080, configurationManagerPort: 8081,
+        provisionalGpuUuid: GPU-00000000-0000-0000-0000-000000000001}
+"#
+            .to_owned(),
+            &[],
+        ),
+        (
             "fti-cm-complete",
             NS,
             r#"
@@ -442,6 +454,16 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 let role = find(&objs, "Role", "cro-manager")["rules"].to_string();
                 assert!(role.contains("configmaps"));
             }
+            "nec" => {
+                assert_eq!(env_value(manager, "CDI_PROVIDER_TYPE"), Some("NEC"));
+                assert_eq!(
+                    env_value(manager, "NEC_PROVISIONAL_GPU_UUID"),
+                    Some("GPU-00000000-0000-0000-0000-000000000001")
+                );
+                // The NEC services take no credentials: no Secret rule, no Secret.
+                let role = find(&objs, "Role", "cro-manager")["rules"].to_string();
+                assert!(!role.contains("\"credentials\""), "{role}");
+            }
             other => panic!("unchecked value set {other}"),
         }
     }
@@ -457,7 +479,7 @@ fn chart_refuses_values_that_cannot_work() {
             "elsewhere",
             "composable-resource-operator-system",
         ),
-        ("provider.mode=nec", NS, "provider.mode"),
+        ("provider.mode=sunfish", NS, "provider.mode"),
         ("deviceResourceType=GPU", NS, "deviceResourceType"),
         (
             "webhook.certificates=secret",
@@ -682,6 +704,44 @@ nodeSelector: {pool: ops}
     assert!(
         err.contains("uninstall.liveRequests must be refuse or detach"),
         "{err}"
+    );
+}
+
+/// provider.mode=nec: the Go operator's NEC variables, which `cro run` turns into the
+/// shipped NEC component (the image has it at its default path); no credentials Secret.
+#[test]
+fn nec_mode_sets_the_go_operators_nec_variables() {
+    let objs = render_yaml(
+        "provider: {mode: nec, nec: {cdimIp: 10.1.2.3, layoutApplyPort: 8080, configurationManagerPort: 8081}}",
+        &[],
+    );
+    let m = manager(&objs);
+    for (k, v) in [
+        ("CDI_PROVIDER_TYPE", "NEC"),
+        ("NEC_CDIM_IP", "10.1.2.3"),
+        ("LAYOUT_APPLY_PORT", "8080"),
+        ("CONFIGURATION_MANAGER_PORT", "8081"),
+    ] {
+        assert_eq!(env_value(m, k), Some(v), "{k}");
+    }
+    for absent in [
+        "NEC_PROVISIONAL_GPU_UUID",
+        "FTI_CDI_ENDPOINT",
+        "CRO_CREDENTIALS_NAMESPACE",
+    ] {
+        assert_eq!(env_value(m, absent), None, "{absent}");
+    }
+    assert!(
+        !objs.iter().any(|o| o.kind == "Secret"),
+        "CDIM takes no credentials"
+    );
+    let objs = render_yaml(
+        "provider: {mode: nec, nec: {provisionalGpuUuid: GPU-1}}",
+        &[],
+    );
+    assert_eq!(
+        env_value(manager(&objs), "NEC_PROVISIONAL_GPU_UUID"),
+        Some("GPU-1")
     );
 }
 

@@ -41,8 +41,8 @@ with the agent must live there.
 {{- if and .Values.nodeAgent.enabled (ne .Release.Namespace "composable-resource-operator-system") -}}
 {{- fail "with nodeAgent.enabled, install into namespace composable-resource-operator-system (where the operator looks for the agent)" -}}
 {{- end -}}
-{{- if not (has .Values.provider.mode (list "fti" "spec" "objects")) -}}
-{{- fail "provider.mode must be fti, spec or objects" -}}
+{{- if not (has .Values.provider.mode (list "fti" "nec" "spec" "objects")) -}}
+{{- fail "provider.mode must be fti, nec, spec or objects" -}}
 {{- end -}}
 {{- if not (has .Values.webhook.certificates (list "certManager" "secret" "selfManaged")) -}}
 {{- fail "webhook.certificates must be certManager, secret or selfManaged" -}}
