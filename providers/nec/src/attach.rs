@@ -137,6 +137,31 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
         })
     }
 
+    /// With the provisional UUID every GPU reports the same device id, so a second GPU on
+    /// a node would be one the host cannot tell from the first: it refuses a device
+    /// another resource already holds and asks again, and each ask would connect another
+    /// GPU. So in that mode a node holds one GPU, and a second is refused before anything
+    /// is connected (docs/nec-provider.md).
+    fn one_gpu_per_node_when_provisional(&self) -> Result<(), ProviderError> {
+        let Some(uuid) = &self.client.cfg.provisional_gpu_uuid else {
+            return Ok(());
+        };
+        let holder = self.req.claims.iter().find(|c| {
+            c.resource != self.req.resource.name
+                && c.device_id
+                    .as_deref()
+                    .is_some_and(|d| d.eq_ignore_ascii_case(uuid))
+        });
+        match holder {
+            None => Ok(()),
+            Some(c) => Err(ProviderError::NoCapacity(format!(
+                "node {} already has a GPU ({} holds it) and with NEC_PROVISIONAL_GPU_UUID \
+                 every GPU reports {uuid}: one GPU per node in that mode",
+                self.req.resource.target_node, c.resource
+            ))),
+        }
+    }
+
     pub fn run(
         &self,
         place: impl FnOnce() -> Result<Place, ProviderError>,
@@ -150,6 +175,7 @@ impl<H: Host + ?Sized> Attach<'_, '_, H> {
                 self.forget(&a);
             }
         }
+        self.one_gpu_per_node_when_provisional()?;
         let place = place()?;
         let resources = self.client.resources()?;
         if let Some(outcome) = self.adopt(&place, &resources) {

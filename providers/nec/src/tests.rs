@@ -365,7 +365,6 @@ fn one_apply_at_a_time_means_wait_and_a_detach_waits_for_its_attach() {
 fn health_maps_to_check_and_the_provisional_uuid_is_every_gpus() {
     let fx = Fx::start();
     let g = fx.sim.add_gpu(MODEL);
-    fx.sim.add_gpu(MODEL);
     let host = fx.host().with_config(
         "provisional_gpu_uuid",
         "8f0e0000-0000-0000-0000-000000000001",
@@ -374,9 +373,18 @@ fn health_maps_to_check_and_the_provisional_uuid_is_every_gpus() {
     let a = attach(&p, &request("a", "k-a", vec![])).unwrap();
     assert_eq!(a.device_id, "GPU-8f0e0000-0000-0000-0000-000000000001");
     assert_eq!(a.fabric_device_id, g);
-    let b = attach(&p, &request("b", "k-b", vec![claim("a", &a)])).unwrap();
-    assert_eq!(b.device_id, a.device_id);
-    assert!(p.list().unwrap().iter().all(|d| d.device_id == a.device_id));
+    // A free GPU the refusal below could have connected.
+    fx.sim.add_gpu(MODEL);
+    // A second GPU on the node would report the same id, so the host could not tell it
+    // from the first: refused before anything is connected.
+    let refused = p.add(&request("b", "k-b", vec![claim("a", &a)]));
+    assert!(
+        matches!(&refused, Err(ProviderError::NoCapacity(m)) if m.contains("one GPU per node")),
+        "{refused:?}"
+    );
+    let listed = p.list().unwrap();
+    assert_eq!(listed.len(), 1, "nothing more was connected: {listed:?}");
+    assert_eq!(listed[0].device_id, a.device_id);
 
     let r = held("a", &a);
     fx.sim.set_health(&g, "Warning").unwrap();

@@ -1,7 +1,8 @@
 //! Simulated GPU nodes for cro's end-to-end tests, the demo and benchmarks.
 //!
-//! A node is backed by a machine of the fabric simulator: the GPUs the fabric has
-//! attached to that machine are the GPUs the node's driver sees. Around the nodes the
+//! A node is backed by a machine of a simulated fabric ([`NodeFabric`]: the FTI fabric
+//! simulator, or NEC CDIM through [`CdimNodes`]): the GPUs the fabric has attached to
+//! that machine are the GPUs the node's driver sees. Around the nodes the
 //! simulation plays what a real GPU cluster runs and the test API server lacks:
 //!
 //! - the GPU operator: a `ClusterPolicy`; with its driver enabled, the driver
@@ -26,6 +27,7 @@
 //! answered by the same [`SimNodes`].
 
 mod cluster;
+mod fabric;
 pub mod node;
 mod real;
 mod runner;
@@ -37,10 +39,14 @@ use std::time::Duration;
 use fabric_sim::FabricSim;
 use tokio::task::JoinHandle;
 
+/// The CDIM simulator the [`CdimNodes`] fabric runs over, for crates that use node-sim.
+pub use cdim_sim;
+
 pub use cluster::{
     AGENT_DS, DCGM_DS, DEVICE_PLUGIN_DS, DRA_NS, DRA_SLICE_DRIVER, DRIVER_DS, GPU_OPERATOR_NS,
     slice_api, slice_name,
 };
+pub use fabric::{CdimNodes, NodeFabric, UuidError};
 pub use node::{DriverKind, NodeOptions, NodeState, Quirks};
 pub use real::{GPU_PRESENT_LABEL, RealError, RealNodeSide};
 pub use runner::{ExecPath, Hook, SimNodes};
@@ -143,8 +149,18 @@ impl NodeSim {
         setup: NodeSetup,
         operator_ns: &str,
     ) -> Result<NodeSim, kube::Error> {
+        Self::start_on(client, Arc::new(fabric), setup, operator_ns).await
+    }
+
+    /// [`NodeSim::start`] with nodes on any fabric (CDIM's: [`CdimNodes`]).
+    pub async fn start_on(
+        client: kube::Client,
+        fabric: Arc<dyn NodeFabric>,
+        setup: NodeSetup,
+        operator_ns: &str,
+    ) -> Result<NodeSim, kube::Error> {
         cluster::install(&client, &setup, operator_ns).await?;
-        let nodes = SimNodes::new(fabric);
+        let nodes = SimNodes::on(fabric);
         let pods: Arc<Mutex<cluster::Pods>> = Arc::default();
         let task = {
             let (nodes, pods, setup, ns) = (
@@ -190,8 +206,13 @@ impl NodeSim {
     /// one the simulation started with (a node pool served by its own fabric): the
     /// node's GPUs follow that fabric.
     pub fn add_node_on(&self, node: &str, machine: &str, options: NodeOptions, fabric: FabricSim) {
-        self.nodes
-            .insert_node(node, machine, self.setup.driver, options, Some(fabric));
+        self.nodes.insert_node(
+            node,
+            machine,
+            self.setup.driver,
+            options,
+            Some(Arc::new(fabric)),
+        );
     }
 
     /// The operator's command runner on these nodes.

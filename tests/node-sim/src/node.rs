@@ -1,4 +1,4 @@
-//! One simulated GPU node: its GPUs (what the fabric simulator has attached to its
+//! One simulated GPU node: its GPUs (what the simulated fabric has attached to its
 //! machine), their drain state, the processes on it, its kernel modules and
 //! nvidia-persistenced; and the interpreter of the commands the operator runs there.
 //!

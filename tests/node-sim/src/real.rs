@@ -144,9 +144,13 @@ impl RealNodeSide {
 
     /// Simulates `node` on `machine` of `fabric`, a fabric other than the nodes'.
     pub fn add_node_on(&self, node: &str, machine: &str, options: NodeOptions, fabric: FabricSim) {
-        self.side
-            .nodes
-            .insert_node(node, machine, self.side.setup.driver, options, Some(fabric));
+        self.side.nodes.insert_node(
+            node,
+            machine,
+            self.side.setup.driver,
+            options,
+            Some(Arc::new(fabric)),
+        );
     }
 
     /// The simulated nodes (the operator itself runs commands through `pods/exec`).

@@ -1,14 +1,15 @@
 //! The operator's [`CommandRunner`] on simulated nodes: a command reaches a node only
 //! through a pod the simulation runs there (a Ready driver pod or node agent), and is
-//! interpreted against that node's state, which follows the fabric simulator.
+//! interpreted against that node's state, which follows its simulated fabric.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cro_operator::nodeops::{CommandRunner, ExecOutput, NodeOpsError, PodRef};
-use fabric_sim::{DeviceStatus, FabricSim, Route};
+use fabric_sim::FabricSim;
 use futures::future::BoxFuture;
 
+use crate::fabric::NodeFabric;
 use crate::node::{DriverKind, Gpu, NodeOptions, NodeState, PodKind};
 
 /// Called after each command took effect with its first 60 characters; when it returns
@@ -45,7 +46,8 @@ pub(crate) struct World {
     pub nodes: BTreeMap<String, NodeState>,
     /// (namespace, name) → pod.
     pub pods: BTreeMap<(String, String), ExecPod>,
-    /// Per GPU: the fabric's request count when it was last seen with drain marks.
+    /// Per GPU: the fabric's mark ([`NodeFabric::mark`]) when it was last seen with
+    /// drain marks.
     pub marked_at: BTreeMap<String, u64>,
     /// Every command interpreted, with its node and the path it came by.
     pub commands: Vec<(String, Vec<String>, ExecPath)>,
@@ -53,7 +55,7 @@ pub(crate) struct World {
     pub hook: Option<Hook>,
     /// Nodes served by a fabric other than the default one (a second node pool on its
     /// own fabric): node → that fabric.
-    pub fabric_of: BTreeMap<String, FabricSim>,
+    pub fabric_of: BTreeMap<String, Arc<dyn NodeFabric>>,
     /// Nodes whose kubelet cannot be reached: every exec there fails as the API
     /// server's does when it cannot dial the kubelet.
     pub unreachable: BTreeSet<String>,
@@ -63,13 +65,19 @@ pub(crate) struct World {
 #[derive(Clone)]
 pub struct SimNodes {
     /// The fabric of every node not given one of its own.
-    pub(crate) fabric: FabricSim,
+    pub(crate) fabric: Arc<dyn NodeFabric>,
     pub(crate) world: Arc<Mutex<World>>,
 }
 
 impl SimNodes {
-    /// Nodes whose GPUs follow `fabric` (unless a node is given a fabric of its own).
+    /// Nodes whose GPUs follow the FTI fabric simulator `fabric` (unless a node is given
+    /// a fabric of its own).
     pub fn new(fabric: FabricSim) -> Self {
+        Self::on(Arc::new(fabric))
+    }
+
+    /// Nodes whose GPUs follow `fabric` (FTI's, CDIM's: [`crate::CdimNodes`]).
+    pub fn on(fabric: Arc<dyn NodeFabric>) -> Self {
         Self {
             fabric,
             world: Arc::default(),
@@ -90,7 +98,7 @@ impl SimNodes {
         machine: &str,
         driver: DriverKind,
         options: NodeOptions,
-        fabric: Option<FabricSim>,
+        fabric: Option<Arc<dyn NodeFabric>>,
     ) {
         let mut w = self.lock();
         match fabric {
@@ -102,7 +110,7 @@ impl SimNodes {
     }
 
     /// The fabric whose machine backs `node`.
-    fn fabric_for(&self, world: &World, node: &str) -> FabricSim {
+    fn fabric_for(&self, world: &World, node: &str) -> Arc<dyn NodeFabric> {
         world.fabric_of.get(node).unwrap_or(&self.fabric).clone()
     }
 
@@ -114,17 +122,12 @@ impl SimNodes {
         };
         let machine = state.machine.clone();
         let fabric = self.fabric_for(world, node);
-        let attached: Vec<String> = fabric
-            .machine_devices(&machine)
-            .into_iter()
-            .filter(|d| d.res_type == "gpu" && d.status == DeviceStatus::AddComplete)
-            .map(|d| d.serial)
-            .collect();
-        let last = fabric.last_seq();
+        let attached = fabric.gpus_on(&machine);
+        let last = fabric.mark();
         let mut gone = BTreeSet::new();
         for gpu in state.drain_marks() {
             let seq = *world.marked_at.entry(gpu.clone()).or_insert(last);
-            if Self::detached_since(&fabric, &gpu, seq) {
+            if fabric.detached_since(&gpu, seq) {
                 gone.insert(gpu.clone());
                 world.marked_at.remove(&gpu);
             }
@@ -132,20 +135,6 @@ impl SimNodes {
         if let Some(state) = world.nodes.get_mut(node) {
             state.refresh(&attached, &gone);
         }
-    }
-
-    /// Whether `fabric` was asked to detach `gpu` after request `seq`.
-    fn detached_since(fabric: &FabricSim, gpu: &str, seq: u64) -> bool {
-        let Some(device) = fabric.device(gpu) else {
-            return true;
-        };
-        if device.machine.is_none() {
-            return true;
-        }
-        fabric.any_request_since(seq, &[Route::FmDetach, Route::CmResize], |r| {
-            let body = String::from_utf8_lossy(&r.body);
-            body.contains(&device.res_uuid) || body.contains(gpu)
-        })
     }
 
     pub fn set_busy(&self, gpu: &str, processes: &[&str]) {
@@ -177,10 +166,7 @@ impl SimNodes {
             };
             (machine, self.fabric_for(&w, node))
         };
-        fabric
-            .machine_devices(&machine)
-            .iter()
-            .any(|d| d.res_type == "gpu" && d.status == DeviceStatus::AddComplete)
+        !fabric.gpus_on(&machine).is_empty()
     }
 
     pub(crate) fn listed_gpus(&self, node: &str) -> Vec<Gpu> {
@@ -286,7 +272,7 @@ impl SimNodes {
         };
         let out = node.exec(target.kind, command);
         let marks = node.drain_marks();
-        let last = self.fabric_for(&w, &target.node).last_seq();
+        let last = self.fabric_for(&w, &target.node).mark();
         for gpu in marks {
             w.marked_at.entry(gpu).or_insert(last);
         }

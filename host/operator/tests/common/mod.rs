@@ -2,7 +2,9 @@
 //! simulator, the real FTI component in the host runtime, the operator, and simulated
 //! GPU nodes ([`node_sim`]) driven by the fabric simulator's state: a GPU operator (or
 //! host drivers with cro's node agent), device or DRA plugins, and the commands the
-//! operator runs on a node.
+//! operator runs on a node. [`Env::start_nec`] and [`Env::start_real_nec`] run the NEC
+//! component from the Go `CDI_PROVIDER_TYPE=NEC` environment over the CDIM simulator
+//! instead, the nodes following CDIM.
 
 #![allow(dead_code)]
 
@@ -36,7 +38,9 @@ use kube_harness::Harness;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use cro_operator::nodeops::CommandRunner;
+use cro_operator::nodeops::{CommandRunner, KubeExecRunner};
+use node_sim::cdim_sim::{self, CdimSim};
+use node_sim::{CdimNodes, NodeFabric, RealNodeSide, Standin};
 use nodes::{NodeOptions, NodeSetup, NodeSim, SimNodes};
 use real::RealWorld;
 
@@ -145,6 +149,9 @@ pub struct Env {
     pub api: FabricApi,
     /// The metrics of the operator started last.
     pub metrics: Option<Arc<cro_operator::Metrics>>,
+    /// NEC CDIM ([`Env::start_nec`], [`Env::start_real_nec`]): the CDIM simulator as
+    /// the nodes see it. Then the nodes are CDIM nodes and [`Env::sim`] serves nothing.
+    pub nec: Option<Arc<CdimNodes>>,
     _ca_file: tempfile::NamedTempFile,
 }
 
@@ -217,6 +224,73 @@ impl Env {
             NodeWorld::Real(Box::new(world)),
         )
     }
+
+    /// `CDI_PROVIDER_TYPE=NEC`: the CDIM simulator, the NEC component loaded from the Go
+    /// operator's environment as `cro run` loads it (with `NEC_PROVISIONAL_GPU_UUID` =
+    /// `provisional_gpu_uuid` when given), and simulated nodes whose GPUs follow CDIM
+    /// ([`CdimNodes`]). Nodes are CDIM nodes named by their `spec.providerID`.
+    pub async fn start_nec(setup: NodeSetup, provisional_gpu_uuid: Option<&str>) -> Env {
+        init_tracing();
+        let harness = Arc::new(Harness::builder().start().await.expect("API server"));
+        let client = harness.client().unwrap();
+        let parts = Parts::prepare_nec(&client, &setup, provisional_gpu_uuid).await;
+        let fabric: Arc<dyn NodeFabric> = parts.nec.clone().expect("the CDIM fabric");
+        let node_sim = NodeSim::start_on(client.clone(), fabric, setup, OPERATOR_NS)
+            .await
+            .expect("node simulation");
+        let nodes = node_sim.runner();
+        parts.into_env(
+            harness,
+            client,
+            nodes.clone(),
+            Arc::new(nodes),
+            NodeWorld::Sim(node_sim),
+        )
+    }
+
+    /// [`Env::start_nec`] on the real node ([`Env::start_real`]): its GPUs follow CDIM.
+    pub async fn start_real_nec(setup: NodeSetup, provisional_gpu_uuid: Option<&str>) -> Env {
+        init_tracing();
+        let started = RealWorld::start(&setup).await;
+        let harness = started.harness_arc();
+        let client = harness.client().unwrap();
+        let parts = Parts::prepare_nec(&client, &setup, provisional_gpu_uuid).await;
+        let fabric: Arc<dyn NodeFabric> = parts.nec.clone().expect("the CDIM fabric");
+        // As `StartedNode::install` does, with the nodes on CDIM.
+        let nodes = SimNodes::on(fabric);
+        let standin = Standin::start(nodes.clone()).expect("the stand-in service");
+        let side = RealNodeSide::start(
+            client.clone(),
+            nodes.clone(),
+            &standin,
+            setup,
+            OPERATOR_NS,
+            kube_harness::real_node::STANDIN_IMAGE,
+        )
+        .await
+        .expect("the GPU node software as real pods");
+        let runner: Arc<dyn CommandRunner> =
+            Arc::new(KubeExecRunner::new(client.clone()).with_timeout(real::EXEC_TIMEOUT));
+        let world = RealWorld {
+            side,
+            standin,
+            node: started.node,
+        };
+        parts.into_env(
+            harness,
+            client,
+            nodes,
+            runner,
+            NodeWorld::Real(Box::new(world)),
+        )
+    }
+
+    /// The CDIM simulator as the nodes see it (panics outside an NEC environment).
+    pub fn nec(&self) -> &CdimNodes {
+        self.nec
+            .as_deref()
+            .expect("this test runs with CDI_PROVIDER_TYPE=NEC (Env::start_nec)")
+    }
 }
 
 /// What every environment has before its nodes: the fabric simulator, the namespaces,
@@ -227,6 +301,7 @@ struct Parts {
     config: OperatorConfig,
     api: FabricApi,
     ca_file: tempfile::NamedTempFile,
+    nec: Option<Arc<CdimNodes>>,
 }
 
 impl Parts {
@@ -315,6 +390,72 @@ impl Parts {
             config,
             api,
             ca_file,
+            nec: None,
+        }
+    }
+
+    /// The NEC parts: the CDIM simulator (its real apply delay), the namespaces, and the
+    /// NEC component loaded from the Go operator's `CDI_PROVIDER_TYPE=NEC` environment
+    /// through `compat::spec_from_env`, as `cro run` loads it. No Secret: CDIM takes no
+    /// credentials. The FTI simulator of [`Env::sim`] runs with no machine.
+    async fn prepare_nec(
+        client: &Client,
+        setup: &NodeSetup,
+        provisional_gpu_uuid: Option<&str>,
+    ) -> Parts {
+        let cdim = CdimSim::start(cdim_sim::SimConfig::default()).expect("the CDIM simulator");
+        for ns in [OPERATOR_NS, GPU_NS] {
+            let obj = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &obj)
+                .await
+                .unwrap();
+        }
+        let component = cro_test_support::component("nec-provider");
+        let mut env: BTreeMap<&str, String> = BTreeMap::from([
+            ("CDI_PROVIDER_TYPE", "NEC".to_string()),
+            ("NEC_CDIM_IP", cdim.ip()),
+            (
+                "CONFIGURATION_MANAGER_PORT",
+                cdim.configuration_manager_port().to_string(),
+            ),
+            ("LAYOUT_APPLY_PORT", cdim.layout_apply_port().to_string()),
+            ("CRO_NEC_COMPONENT", component.display().to_string()),
+        ]);
+        if let Some(uuid) = provisional_gpu_uuid {
+            env.insert("NEC_PROVISIONAL_GPU_UUID", uuid.to_string());
+        }
+        let spec = compat::spec_from_env(|k| env.get(k).cloned())
+            .unwrap()
+            .expect("CDI_PROVIDER_TYPE is set");
+        assert_eq!(
+            spec.name, "nec",
+            "CDI_PROVIDER_TYPE=NEC runs the NEC component"
+        );
+        let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
+        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+        let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
+
+        let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
+        config.credentials = spec.grants.secret.clone();
+        config.timings = fast_timings();
+        config.namespace = OPERATOR_NS.to_owned();
+        if let nodes::Exposure::Dra(_) = setup.exposure {
+            config.mode = cro_operator::nodeops::ExposureMode::Dra;
+        }
+        Parts {
+            sim: FabricSim::start(SimConfig::default()).unwrap(),
+            provider: Arc::new(provider),
+            config,
+            api: FabricApi::Fm,
+            ca_file: tempfile::NamedTempFile::new().unwrap(),
+            nec: Some(CdimNodes::new(cdim)),
         }
     }
 
@@ -338,6 +479,7 @@ impl Parts {
             operator: None,
             api: self.api,
             metrics: None,
+            nec: self.nec,
             _ca_file: self.ca_file,
         }
     }
@@ -380,26 +522,27 @@ impl Env {
         options: NodeOptions,
         fabric: Option<&FabricSim>,
     ) -> String {
-        let machine = uuid::Uuid::new_v4().to_string();
-        fabric.unwrap_or(&self.sim).add_machine(&machine, name);
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node: Node = match self.api {
-            FabricApi::Fm => serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
-                "spec": {"providerID": format!("fsas-cdi://{machine}")},
-            })),
-            // OpenShift: Node → Machine → BareMetalHost → fabric machine uuid.
-            FabricApi::Cm => {
-                self.openshift_machine(name, &machine).await;
-                serde_json::from_value(json!({
+        let (machine, node) = match &self.nec {
+            // NEC: a CDIM node, named by the Node's providerID verbatim (as Go did).
+            Some(nec) => {
+                assert!(fabric.is_none(), "an NEC environment has one fabric: CDIM");
+                let machine = nec.sim().add_node().id;
+                let node: Node = serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"},
-                        "annotations": {"machine.openshift.io/machine": format!("{MACHINE_NS}/{name}-machine")}},
+                    "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                    "spec": {"providerID": machine},
                 }))
+                .unwrap();
+                (machine, node)
             }
-        }
-        .unwrap();
+            None => {
+                let machine = uuid::Uuid::new_v4().to_string();
+                fabric.unwrap_or(&self.sim).add_machine(&machine, name);
+                let node = self.fti_node(name, &machine).await;
+                (machine, node)
+            }
+        };
         nodes.create(&PostParams::default(), &node).await.unwrap();
         let quantities = |cpu: &str| -> BTreeMap<String, Quantity> {
             [
@@ -433,18 +576,50 @@ impl Env {
         machine
     }
 
+    /// The Node of an FTI machine: its providerID names the machine (FM), or OpenShift's
+    /// Machine and BareMetalHost do (CM).
+    async fn fti_node(&self, name: &str, machine: &str) -> Node {
+        match self.api {
+            FabricApi::Fm => serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                "spec": {"providerID": format!("fsas-cdi://{machine}")},
+            })),
+            // OpenShift: Node → Machine → BareMetalHost → fabric machine uuid.
+            FabricApi::Cm => {
+                self.openshift_machine(name, machine).await;
+                serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"},
+                        "annotations": {"machine.openshift.io/machine": format!("{MACHINE_NS}/{name}-machine")}},
+                }))
+            }
+        }
+        .unwrap()
+    }
+
     /// Backs the real node with a new machine of the fabric simulator: its provider id
     /// names the machine, and its GPUs follow the fabric. Returns the machine's uuid.
+    /// In an NEC environment the machine is a new CDIM node, and the providerID its id.
     pub async fn add_real_node(&self, options: NodeOptions) -> String {
-        let machine = uuid::Uuid::new_v4().to_string();
         let world = self.node_sim.real();
         let node = kube_harness::real_node::NODE_NAME;
-        self.sim.add_machine(&machine, node);
+        let (machine, provider_id) = match &self.nec {
+            Some(nec) => {
+                let machine = nec.sim().add_node().id;
+                (machine.clone(), machine)
+            }
+            None => {
+                let machine = uuid::Uuid::new_v4().to_string();
+                self.sim.add_machine(&machine, node);
+                (machine.clone(), format!("fsas-cdi://{machine}"))
+            }
+        };
         Api::<Node>::all(self.client.clone())
             .patch(
                 node,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"providerID": format!("fsas-cdi://{machine}")}})),
+                &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
             )
             .await
             .unwrap();
@@ -591,14 +766,18 @@ impl Env {
         self.requests().get_opt(name).await.unwrap()
     }
 
-    /// Gpu serials the simulator has attached to `machine` now.
+    /// Gpu serials the simulator has attached to `machine` now. NEC: the UUIDs the
+    /// node shows for the GPUs CDIM has connected to the CDIM node `machine`.
     pub fn gpus_on(&self, machine: &str) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .sim
-            .machine_devices(machine)
-            .into_iter()
-            .map(|d| d.serial)
-            .collect();
+        let mut v: Vec<String> = match &self.nec {
+            Some(nec) => nec.gpus_on(machine),
+            None => self
+                .sim
+                .machine_devices(machine)
+                .into_iter()
+                .map(|d| d.serial)
+                .collect(),
+        };
         v.sort();
         v
     }
@@ -621,9 +800,23 @@ impl Env {
         .await
     }
 
-    /// Asserts the fabric simulator has no device attached to any machine: nothing a
-    /// test did was left behind.
+    /// Asserts the fabric simulator has no device attached to any machine (NEC: CDIM has
+    /// no GPU connected to any node): nothing a test did was left behind.
     pub async fn assert_nothing_attached(&self) {
+        if let Some(nec) = &self.nec {
+            eventually("no GPU connected on CDIM", CONVERGE, || async {
+                let left: Vec<String> = nec
+                    .sim()
+                    .gpus()
+                    .into_iter()
+                    .filter(|g| g.node.is_some())
+                    .map(|g| g.id)
+                    .collect();
+                left.is_empty().then_some(())
+            })
+            .await;
+            return;
+        }
         eventually("no device attached on the fabric", CONVERGE, || async {
             let left: Vec<String> = self
                 .sim

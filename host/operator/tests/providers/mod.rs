@@ -512,3 +512,210 @@ async fn hot_reload_under_load_swaps_without_failing_calls_and_survives_a_broken
     let mut env = Arc::into_inner(env).expect("load tasks ended");
     env.stop_operator().await.unwrap();
 }
+
+// ---- CDI_PROVIDER_TYPE=NEC: the Go operator's README request on CDIM ----
+//
+// CDIM reports no GPU UUID; the operator finds a GPU on its node by the device id the
+// provider reports (nvidia-smi's UUID, device-plugin mode) and holds a device id once
+// in the cluster. So (docs/nec-provider.md, "On a node"):
+// - with `NEC_PROVISIONAL_GPU_UUID` set to the UUID nvidia-smi shows for the node's GPU
+//   (what the Go README's operator setup asks of an administrator), ONE GPU at a time
+//   runs end to end: attach, Online once nvidia-smi lists it, drained by that UUID,
+//   disconnected, back in the pool;
+// - a second GPU cannot be held (every GPU reports that one UUID), and without the
+//   variable the CDIM device id is never a UUID nvidia-smi lists: GPUs connect on CDIM
+//   and reach the node, and the resources wait for them, until deleted.
+
+/// The Go operator's README request (`gpu-request`, two A100s, samenode, on
+/// `worker-2`), with `size` GPUs.
+fn nec_readme_request(size: i64) -> cro_api::ComposabilityRequest {
+    let mut request: cro_api::ComposabilityRequest = serde_yaml::from_str(include_str!(
+        "../../../api/tests/fixtures/go-readme-request.yaml"
+    ))
+    .expect("the Go README request");
+    assert_eq!(
+        request.spec.resource.target_node.as_deref(),
+        Some("worker-2")
+    );
+    request.spec.resource.size = size;
+    request
+}
+
+/// The UUID the administrator copied from `nvidia-smi` into `NEC_PROVISIONAL_GPU_UUID`.
+const NEC_GPU_UUID: &str = "GPU-6f2b9a4e-0c1d-4e5f-8a7b-3c2d1e0f9a8b";
+
+/// The node's `nvidia.com/gpu` capacity.
+async fn node_gpu_capacity(env: &Env, node: &str) -> Option<String> {
+    Api::<Node>::all(env.client.clone())
+        .get(node)
+        .await
+        .ok()?
+        .status?
+        .capacity?
+        .get("nvidia.com/gpu")
+        .map(|q| q.0.clone())
+}
+
+/// `CDI_PROVIDER_TYPE=NEC` with `NEC_PROVISIONAL_GPU_UUID`, on simulated nodes: the
+/// README request for one GPU attaches through a CDIM layout apply, goes Online once
+/// the node's nvidia-smi lists the provisional UUID (the GPU's own), shows in the
+/// device plugin's capacity, and on deletion is drained on the node by that UUID,
+/// disconnected and back in the pool. Two GPUs cannot be held this way (see above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nec_go_environment_runs_the_go_readme_request_for_one_gpu() {
+    let mut env = Env::start_nec(
+        crate::common::nodes::NodeSetup::gpu_operator(),
+        Some(NEC_GPU_UUID),
+    )
+    .await;
+    let machine = env.add_node("worker-2", "16").await;
+    let gpu = env.nec().sim().add_gpu(crate::common::MODEL);
+    env.nec().set_gpu_uuid(&gpu, NEC_GPU_UUID).unwrap();
+    env.start_operator().await;
+
+    let request = nec_readme_request(1);
+    let name = request.name_any();
+    env.requests()
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
+    env.wait_running(&name, 1).await;
+    // CDIM connected the GPU to worker-2's CDIM node with a layout apply.
+    let connected = env.nec().sim().gpus_on(&machine);
+    assert_eq!(connected.len(), 1);
+    assert_eq!(connected[0].id, gpu);
+    let applies = env.nec().sim().applies();
+    assert!(
+        applies.iter().any(|a| a
+            .procedures
+            .iter()
+            .any(|(op, _, g)| op == "connect" && *g == gpu)),
+        "{applies:?}"
+    );
+    // The resource holds the provisional UUID as its device and the CDIM id as its
+    // fabric device; the node's driver lists that UUID.
+    let resource = env.resources_of(&name).await.remove(0);
+    let status = resource.status.clone().unwrap();
+    assert_eq!(
+        (status.device_id.as_str(), status.cdi_device_id.as_str()),
+        (NEC_GPU_UUID, gpu.as_str())
+    );
+    assert_eq!(env.nodes.listed("worker-2"), vec![NEC_GPU_UUID.to_string()]);
+    eventually("the device plugin reports 1 GPU", CONVERGE, || async {
+        (node_gpu_capacity(&env, "worker-2").await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+
+    env.delete_request(&name).await;
+    env.assert_nothing_attached().await;
+    // Drained on the node (put in maintenance, then removed) before CDIM disconnected
+    // it.
+    let commands: Vec<String> = env
+        .nodes
+        .commands()
+        .into_iter()
+        .filter(|(node, _)| node == "worker-2")
+        .map(|(_, argv)| argv.join(" "))
+        .collect();
+    // Once: the drained GPU stays removed from the driver until CDIM's disconnect has
+    // taken it off the node.
+    for step in [
+        "nvidia-smi drain -p 0000:3B:00.0 -m 1",
+        "nvidia-smi drain -p 0000:3B:00.0 -r",
+    ] {
+        assert_eq!(
+            commands.iter().filter(|c| c.as_str() == step).count(),
+            1,
+            "{step:?} on worker-2: {commands:#?}"
+        );
+    }
+    assert!(env.nec().sim().applies().iter().any(|a| {
+        a.procedures
+            .iter()
+            .any(|(op, _, g)| op == "disconnect" && *g == gpu)
+    }));
+    assert!(env.nodes.listed("worker-2").is_empty());
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}
+
+/// `CDI_PROVIDER_TYPE=NEC` without `NEC_PROVISIONAL_GPU_UUID` (cro's option: each GPU's
+/// CDIM device id is its device id), the README request as written (two GPUs): CDIM
+/// connects two distinct GPUs to worker-2 and the node's driver lists both, but the
+/// operator waits for GPUs named by CDIM ids, which nvidia-smi never lists; deleting the
+/// request disconnects both and returns them to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nec_go_environment_without_provisional_uuid_connects_but_never_sees_the_gpus() {
+    let mut env = Env::start_nec(crate::common::nodes::NodeSetup::gpu_operator(), None).await;
+    let machine = env.add_node("worker-2", "16").await;
+    for _ in 0..3 {
+        env.nec().sim().add_gpu(crate::common::MODEL);
+    }
+    env.start_operator().await;
+    let request = nec_readme_request(2);
+    let name = request.name_any();
+    env.requests()
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
+    let ids = eventually(
+        "both GPUs connected, their resources waiting for the node to list them",
+        CONVERGE,
+        || async {
+            let resources = env.resources_of(&name).await;
+            let mut waiting = Vec::new();
+            for r in &resources {
+                let s = r.status.as_ref()?;
+                let wait = s
+                    .conditions
+                    .iter()
+                    .find(|c| c.reason == "WaitingForDevice")?;
+                (!s.device_id.is_empty()
+                    && s.device_id == s.cdi_device_id
+                    && wait.message.contains(&s.device_id))
+                .then_some(())?;
+                waiting.push(s.device_id.clone());
+            }
+            waiting.sort();
+            (waiting.len() == 2).then_some(waiting)
+        },
+    )
+    .await;
+    let mut connected: Vec<String> = env
+        .nec()
+        .sim()
+        .gpus_on(&machine)
+        .into_iter()
+        .map(|g| g.id)
+        .collect();
+    connected.sort();
+    assert_eq!(connected, ids, "two distinct CDIM GPUs on worker-2");
+    // The node has both: under their own UUIDs, none of them a CDIM id.
+    let listed = env.nodes.listed("worker-2");
+    assert_eq!(listed.len(), 2);
+    assert!(
+        listed
+            .iter()
+            .all(|u| u.starts_with("GPU-") && !ids.contains(u))
+    );
+    let request = env.request(&name).await.unwrap();
+    assert_ne!(
+        request.status.map(|s| s.state),
+        Some(cro_api::RequestState::Running)
+    );
+
+    env.delete_request(&name).await;
+    env.assert_nothing_attached().await;
+    assert_eq!(
+        env.nec()
+            .sim()
+            .gpus()
+            .iter()
+            .filter(|g| g.node.is_none())
+            .count(),
+        3,
+        "every GPU back in the pool"
+    );
+    env.assert_known_commands();
+    env.stop_operator().await.unwrap();
+}

@@ -526,3 +526,90 @@ async fn driver_pod_not_running(env: &Env) -> PodRef {
         container: Some("ctr".into()),
     }
 }
+
+/// The UUID the administrator copied from `nvidia-smi` into `NEC_PROVISIONAL_GPU_UUID`.
+const NEC_GPU_UUID: &str = "GPU-6f2b9a4e-0c1d-4e5f-8a7b-3c2d1e0f9a8b";
+
+/// `CDI_PROVIDER_TYPE=NEC` on the real node: the NEC component loaded from the Go
+/// operator's environment, CDIM simulated, the node's providerID its CDIM node id. With
+/// `NEC_PROVISIONAL_GPU_UUID` every GPU reports that one UUID and the operator holds a
+/// device id once, so the README request runs with ONE GPU, the one whose UUID that is
+/// (docs/nec-provider.md, "On a node"): connected by a CDIM layout apply, Online once the
+/// driver pod's nvidia-smi lists it, counted by the kubelet through the real device
+/// plugin, given to a workload Pod; deleting the request waits for that Pod, then drains
+/// the GPU and disconnects it. Every node command goes through the real `pods/exec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_nec_go_readme_flow_with_the_provisional_uuid() {
+    let mut env = Env::start_real_nec(NodeSetup::gpu_operator(), Some(NEC_GPU_UUID)).await;
+    let machine = env.add_real_node(NodeOptions::default()).await;
+    let gpu = env.nec().sim().add_gpu(MODEL);
+    env.nec().set_gpu_uuid(&gpu, NEC_GPU_UUID).unwrap();
+    env.start_operator().await;
+
+    let mut request = go_readme_request();
+    request.spec.resource.size = 1;
+    let name = request.name_any();
+    env.requests()
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
+    env.wait_running(&name, 1).await;
+    let connected: Vec<String> = env
+        .nec()
+        .sim()
+        .gpus_on(&machine)
+        .into_iter()
+        .map(|g| g.id)
+        .collect();
+    assert_eq!(connected, vec![gpu.clone()]);
+    let status = env.resources_of(&name).await.remove(0).status.unwrap();
+    assert_eq!(
+        (status.device_id.as_str(), status.cdi_device_id.as_str()),
+        (NEC_GPU_UUID, gpu.as_str())
+    );
+    eventually("the kubelet reports 1 GPU", CONVERGE, || async {
+        (gpu_capacity(&env).await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+
+    start_gpu_workload(&env, "cuda-nec").await;
+    assert_eq!(workload_gpu(&env, "cuda-nec").await, NEC_GPU_UUID);
+    env.requests()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let blocked = eventually("the detach waits for the workload", CONVERGE, || async {
+        let r = env.resources_of(&name).await.into_iter().next()?;
+        let error = r.status.as_ref()?.error.clone();
+        error.contains("busy").then_some(error)
+    })
+    .await;
+    assert!(blocked.contains(NEC_GPU_UUID), "{blocked}");
+    assert_eq!(
+        env.nec().sim().gpus_on(&machine).len(),
+        1,
+        "still connected"
+    );
+    delete_pod_and_wait(&env, WORKLOAD_NS, "cuda-nec").await;
+    eventually("the request is gone", CONVERGE, || async {
+        (env.request(&name).await.is_none() && env.resources_of(&name).await.is_empty())
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+    assert!(env.nec().sim().applies().iter().any(|a| {
+        a.procedures
+            .iter()
+            .any(|(op, _, g)| op == "disconnect" && *g == gpu)
+    }));
+    eventually("the kubelet reports 0 GPUs", CONVERGE, || async {
+        (gpu_capacity(&env).await.as_deref() == Some("0")).then_some(())
+    })
+    .await;
+    let count = assert_all_commands_through_exec(&env);
+    eprintln!(
+        "real node (NEC CDIM, provisional UUID): {count} node commands, all through pods/exec: {:?}",
+        command_kinds(&env)
+    );
+    env.stop_operator().await.unwrap();
+}
