@@ -246,6 +246,30 @@ fn lease_holder(lease: Option<Lease>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
+/// What an uninstall leaves (docs/deploying.md, "Uninstalling"): the administrator's
+/// Secret, the Namespace and the CRDs, so every request there was.
+async fn assert_what_stays(env: &Env) {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), OPERATOR_NS);
+    let secret = secrets
+        .get_opt(cro_operator::compat::CREDENTIALS_SECRET)
+        .await;
+    assert!(
+        secret.unwrap().is_some(),
+        "the administrator's Secret stays"
+    );
+    let namespace = Api::<Namespace>::all(env.client.clone())
+        .get_opt(OPERATOR_NS)
+        .await;
+    assert!(namespace.unwrap().is_some(), "the Namespace stays");
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for crd in [
+        "composabilityrequests.cro.hpsys.ibm.ie.com",
+        "composableresources.cro.hpsys.ibm.ie.com",
+    ] {
+        assert!(crds.get_opt(crd).await.unwrap().is_some(), "{crd} stays");
+    }
+}
+
 /// The real node with the GPU operator's software, one machine with free GPUs, the
 /// credentials Secret, and the cro image in the node's containerd.
 async fn node_with_image() -> (Env, String) {
@@ -400,29 +424,7 @@ async fn helm_install_upgrade_and_uninstall_with_a_live_request() {
             .items
             .is_empty();
     assert!(job_gone, "the hook's Job is deleted once it succeeded");
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), OPERATOR_NS);
-    assert!(
-        secrets
-            .get_opt(cro_operator::compat::CREDENTIALS_SECRET)
-            .await
-            .unwrap()
-            .is_some(),
-        "the administrator's Secret stays"
-    );
-    assert!(
-        Api::<Namespace>::all(env.client.clone())
-            .get_opt(OPERATOR_NS)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    for crd in [
-        "composabilityrequests.cro.hpsys.ibm.ie.com",
-        "composableresources.cro.hpsys.ibm.ie.com",
-    ] {
-        assert!(crds.get_opt(crd).await.unwrap().is_some(), "{crd} stays");
-    }
+    assert_what_stays(&env).await;
     eprintln!(
         "helm on the real node: install → Ready {install_to_ready:?}; Go README request \
          Running in {to_running:?} ({commands} node commands through pods/exec); upgrade → \
@@ -617,28 +619,7 @@ async fn kustomize_install_and_removal_with_a_live_request() {
         .unwrap_or_else(|e| panic!("{e}"));
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), OPERATOR_NS);
     assert!(deployments.get_opt(DEPLOYMENT).await.unwrap().is_none());
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), OPERATOR_NS);
-    assert!(
-        secrets
-            .get_opt(cro_operator::compat::CREDENTIALS_SECRET)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        Api::<Namespace>::all(env.client.clone())
-            .get_opt(OPERATOR_NS)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    assert!(
-        crds.get_opt("composabilityrequests.cro.hpsys.ibm.ie.com")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert_what_stays(&env).await;
     eprintln!(
         "kustomize on the real node: apply → Ready {apply_to_ready:?}; before-uninstall \
          --detach {detach_time:?}\n{text}"
