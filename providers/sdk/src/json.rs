@@ -85,26 +85,158 @@ pub fn send<H: Host + ?Sized, B: Serialize + ?Sized>(
     .map_err(|e| http_failure(peer, e))
 }
 
-/// A 2xx reply parsed as `T`; another status becomes `ProviderError::Fabric` with the
-/// body quoted as the message.
+/// A 2xx reply parsed as `T`; another status becomes [`fabric_error`].
 pub fn expect_json<T: DeserializeOwned>(
     reply: &HttpResponse,
     what: &str,
 ) -> Result<T, ProviderError> {
     if !(200..300).contains(&reply.status) {
-        return Err(ProviderError::Fabric {
-            status: reply.status,
-            code: String::new(),
-            message: body_text(&reply.body),
-        });
+        return Err(fabric_error(reply));
     }
     parse_json(&reply.body, what)
+}
+
+/// A fabric's error reply as `ProviderError::Fabric`, keeping the vendor's own error
+/// code and message where the body has them in one of the common shapes:
+/// `{"code", "message"}`, `{"error": {"code", "message"}}` (Redfish, many REST APIs),
+/// `{"errors": [{"code", "message"}, ...]}` (the first), `{"detail": {"code",
+/// "message"}}` (FTI) and RFC 7807 problem details (`type`/`title`/`detail`). A code may
+/// be a string or a number. Otherwise the code is empty and the body is the message.
+pub fn fabric_error(reply: &HttpResponse) -> ProviderError {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&reply.body).ok();
+    let (code, message) = parsed
+        .as_ref()
+        .and_then(vendor_error)
+        .unwrap_or_else(|| (String::new(), body_text(&reply.body)));
+    ProviderError::Fabric {
+        status: reply.status,
+        code,
+        message,
+    }
+}
+
+/// (code, message) from the first error shape `body` matches.
+fn vendor_error(body: &serde_json::Value) -> Option<(String, String)> {
+    let text = |v: Option<&serde_json::Value>| -> Option<String> {
+        match v? {
+            serde_json::Value::String(s) => Some(s.trim().to_string()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    };
+    let pair = |o: &serde_json::Value| -> Option<(String, String)> {
+        let code = text(o.get("code"));
+        let message = text(o.get("message"));
+        match (code, message) {
+            (None, None) => None,
+            (code, message) => Some((
+                code.unwrap_or_default(),
+                message.unwrap_or_else(|| body_text(o.to_string().as_bytes())),
+            )),
+        }
+    };
+    let nested = ["error", "detail"]
+        .iter()
+        .filter_map(|k| body.get(k))
+        .find(|v| v.is_object());
+    if let Some(found) = nested.and_then(pair) {
+        return Some(found);
+    }
+    if let Some(first) = body.get("errors").and_then(|e| e.as_array()?.first()) {
+        if let Some(found) = pair(first) {
+            return Some(found);
+        }
+    }
+    if let Some(found) = pair(body) {
+        return Some(found);
+    }
+    // RFC 7807: the problem's type (or title) is its code, the detail its message.
+    let title = text(body.get("title"));
+    let detail = text(body.get("detail"));
+    if title.is_some() || detail.is_some() {
+        let code = text(body.get("type"))
+            .filter(|t| t != "about:blank")
+            .or(title.clone())
+            .unwrap_or_default();
+        return Some((code, detail.or(title).unwrap_or_default()));
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::TestHost;
+
+    fn reply(status: u16, body: &str) -> HttpResponse {
+        HttpResponse {
+            status,
+            headers: Vec::new(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn code_and_message(e: ProviderError) -> (u16, String, String) {
+        match e {
+            ProviderError::Fabric {
+                status,
+                code,
+                message,
+            } => (status, code, message),
+            other => panic!("not a fabric error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_vendors_error_code_and_message_are_kept() {
+        let cases = [
+            (
+                r#"{"code": "E42", "message": "no such GPU"}"#,
+                "E42",
+                "no such GPU",
+            ),
+            (
+                r#"{"error": {"code": "Base.1.8.ResourceMissingAtURI", "message": "gone",
+                    "@Message.ExtendedInfo": []}}"#,
+                "Base.1.8.ResourceMissingAtURI",
+                "gone",
+            ),
+            (
+                r#"{"errors": [{"code": 1007, "message": "busy"}, {"code": 2}]}"#,
+                "1007",
+                "busy",
+            ),
+            (
+                r#"{"status": 409, "detail": {"code": "E02010", "message": "in use"}}"#,
+                "E02010",
+                "in use",
+            ),
+            (
+                r#"{"type": "https://fabric.example/probs/pool-empty", "title": "Pool empty",
+                    "status": 503, "detail": "no A100 left"}"#,
+                "https://fabric.example/probs/pool-empty",
+                "no A100 left",
+            ),
+            (
+                r#"{"type": "about:blank", "title": "Not Found", "status": 404}"#,
+                "Not Found",
+                "Not Found",
+            ),
+        ];
+        for (body, code, message) in cases {
+            let got = code_and_message(fabric_error(&reply(409, body)));
+            assert_eq!(got, (409, code.to_string(), message.to_string()), "{body}");
+            // expect_json gives the same error.
+            let err = expect_json::<serde_json::Value>(&reply(409, body), "x").unwrap_err();
+            assert_eq!(code_and_message(err), got);
+        }
+        // No known shape: no code, the body as the message.
+        for body in ["<html>Bad Gateway</html>", r#"{"oops": true}"#, ""] {
+            let (status, code, message) = code_and_message(fabric_error(&reply(502, body)));
+            assert_eq!((status, code.as_str()), (502, ""));
+            assert_eq!(message, body_text(body.as_bytes()));
+        }
+    }
 
     #[test]
     fn long_bodies_are_cut_on_a_char_boundary() {
