@@ -142,10 +142,12 @@ fn vendor_error(body: &serde_json::Value) -> Option<(String, String)> {
     if let Some(found) = nested.and_then(pair) {
         return Some(found);
     }
-    if let Some(first) = body.get("errors").and_then(|e| e.as_array()?.first()) {
-        if let Some(found) = pair(first) {
-            return Some(found);
-        }
+    if let Some(found) = body
+        .get("errors")
+        .and_then(|e| e.as_array()?.first())
+        .and_then(pair)
+    {
+        return Some(found);
     }
     if let Some(found) = pair(body) {
         return Some(found);
