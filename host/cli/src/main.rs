@@ -5,6 +5,16 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cro::Cli::parse();
+    // A one-shot command piped into `head` or a closed pager ends quietly, as other
+    // command-line tools do, instead of panicking on the broken pipe (Rust ignores
+    // SIGPIPE). The operator keeps ignoring it: a log reader going away must not stop it.
+    if !matches!(cli.command, cro::Command::Run(_)) {
+        // SAFETY: restoring the default disposition of one signal before any thread is
+        // started; no handler of ours is replaced.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // The operator explains every step at info; one-shot commands only warn. RUST_LOG
     // overrides both; CRO_LOG_FORMAT=json gives one JSON object per line for collectors.
     // `provider test` provokes failures on purpose: its report says what went wrong.

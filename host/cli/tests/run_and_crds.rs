@@ -603,3 +603,41 @@ async fn before_uninstall_refuses_then_detaches_scales_down_and_frees_the_lease(
         text(&out.stderr)
     );
 }
+
+/// `cro crds | head -1`: the reader goes away; the command ends on SIGPIPE, quietly,
+/// without a panic message. The pipe is made small (4 KiB, less than the 34 KB of CRDs)
+/// so the command is still writing when the reader leaves.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, each then owned once below.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: resizing a pipe this test owns.
+    assert!(unsafe { libc::fcntl(fds[0], libc::F_SETPIPE_SZ, 4096) } >= 4096);
+    let child = Command::new(env!("CARGO_BIN_EXE_cro"))
+        .arg("crds")
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(std::fs::File::from(read));
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    assert!(!first.is_empty());
+    drop(reader); // what `head -1` does after its line
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
