@@ -102,31 +102,10 @@ impl Config {
     }
 }
 
-/// The endpoint as an origin: `http(s)://authority`, accepting (and dropping) a
+/// The endpoint as an origin (`http(s)://authority`), accepting (and dropping) a
 /// trailing `/` or `/cdim/api/v1`, refusing any other path.
 fn origin(key: &str, endpoint: &str) -> Result<String, ProviderError> {
-    let bad = |why: &str| {
-        ProviderError::Config(format!(
-            "configuration key `{key}` = '{endpoint}' {why}; expected http(s)://host:port"
-        ))
-    };
-    let rest = endpoint
-        .strip_prefix("https://")
-        .or_else(|| endpoint.strip_prefix("http://"))
-        .ok_or_else(|| bad("is not an http:// or https:// URL"))?;
-    let scheme_len = endpoint.len() - rest.len();
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.is_empty() || authority.contains(['?', '#', '@', ' ']) {
-        return Err(bad("has no usable host"));
-    }
-    let path = path.trim_end_matches('/');
-    if !(path.is_empty() || path == API_BASE) {
-        return Err(bad("has a path"));
-    }
-    Ok(endpoint[..scheme_len + authority.len()].to_string())
+    cro_provider_sdk::endpoint::origin(key, endpoint, &[API_BASE])
 }
 
 #[cfg(test)]

@@ -68,32 +68,11 @@ impl Config {
     }
 }
 
-/// The endpoint as an origin: `http(s)://authority`, accepting (and dropping) a trailing
+/// The endpoint as an origin (`http(s)://authority`), accepting (and dropping) a trailing
 /// `/` or `/redfish/v1` path, refusing anything else: every path the provider requests is
 /// a service path under `/redfish/v1/`.
 fn origin(endpoint: &str) -> Result<String, ProviderError> {
-    let bad = |why: &str| {
-        ProviderError::Config(format!(
-            "configuration key `endpoint` = '{endpoint}' {why}; expected http(s)://host:port"
-        ))
-    };
-    let rest = endpoint
-        .strip_prefix("https://")
-        .or_else(|| endpoint.strip_prefix("http://"))
-        .ok_or_else(|| bad("is not an http:// or https:// URL"))?;
-    let scheme_len = endpoint.len() - rest.len();
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.is_empty() || authority.contains(['?', '#', '@', ' ']) {
-        return Err(bad("has no usable host"));
-    }
-    let path = path.trim_end_matches('/');
-    if !(path.is_empty() || path == "/redfish/v1" || path == "/redfish") {
-        return Err(bad("has a path"));
-    }
-    Ok(endpoint[..scheme_len + authority.len()].to_string())
+    cro_provider_sdk::endpoint::origin("endpoint", endpoint, &["/redfish/v1", "/redfish"])
 }
 
 #[cfg(test)]

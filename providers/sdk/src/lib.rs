@@ -4,8 +4,10 @@
 //! - [`Provider`]: the five operations in the host's own terms ([`model`]);
 //! - [`Host`]: what the host offers (HTTP, Secret keys, cluster lookups, configuration,
 //!   logging, `state`, the clock); inside a component `WasmHost` implements it;
-//! - [`json`]: JSON over HTTP with typed errors; [`oauth2`]: a client-credentials token
-//!   cached in `state`; [`encode`] and [`lenient`]: URL encoding and loose JSON fields;
+//! - [`json`]: JSON over HTTP with typed errors (a fabric's error reply keeps the
+//!   vendor's code and message); [`oauth2`]: a client-credentials token cached in
+//!   `state`; [`encode`] and [`lenient`]: URL encoding and loose JSON fields;
+//!   [`endpoint`]: a configured endpoint checked and reduced to its origin;
 //! - [`testing::TestHost`]: a native double of the host for unit tests;
 //! - `export_provider!(MyProvider)` (wasm32): makes `MyProvider` (a [`Provider`] and
 //!   `guest::FromHost`) the component's `cdi-provider` export.
@@ -21,6 +23,7 @@
 extern crate self as cro_provider_sdk;
 
 pub mod encode;
+pub mod endpoint;
 pub mod host;
 pub mod json;
 pub mod lenient;
