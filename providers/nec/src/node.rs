@@ -4,30 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
-use cro_provider_sdk::{ComposableResource, Host, LookupError, ProviderError};
+use cro_provider_sdk::{ComposableResource, Host, ProviderError};
 
 use crate::client::{Client, Entry, NodeEntry};
-
-#[derive(Deserialize, Default)]
-struct KubeNode {
-    #[serde(default)]
-    metadata: Metadata,
-    #[serde(default)]
-    spec: Spec,
-}
-
-#[derive(Deserialize, Default)]
-struct Metadata {
-    name: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Spec {
-    #[serde(rename = "providerID")]
-    provider_id: Option<String>,
-}
 
 /// The CDIM node id of the resource's target node.
 pub fn node_of<H: Host + ?Sized>(
@@ -43,19 +22,8 @@ pub fn node_of<H: Host + ?Sized>(
         return Ok(m.to_string());
     }
     let node = &r.target_node;
-    let json = host.get_node(node).map_err(|e| match e {
-        LookupError::Denied(m) => ProviderError::Denied(format!("looking up Node {node}: {m}")),
-        LookupError::NotFound(m) => ProviderError::NotFound(format!("Node {node}: {m}")),
-        LookupError::Other(m) => ProviderError::Other(format!("looking up Node {node}: {m}")),
-    })?;
-    let parsed: KubeNode = serde_json::from_str(&json).map_err(|e| {
-        ProviderError::Other(format!("the host returned an unreadable Node {node}: {e}"))
-    })?;
-    parsed
-        .spec
+    cro_provider_sdk::nodes::get(host, node)?
         .provider_id
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
         .ok_or_else(|| {
             ProviderError::Config(format!(
                 "Node {node} has no spec.providerID; with CDIM it must be the node's CDIM id"
@@ -67,29 +35,10 @@ pub fn node_of<H: Host + ?Sized>(
 pub fn names_by_node<H: Host + ?Sized>(
     host: &H,
 ) -> Result<BTreeMap<String, String>, ProviderError> {
-    let nodes = host.list_nodes().map_err(|e| match e {
-        LookupError::Denied(m) => ProviderError::Denied(format!("listing Nodes: {m}")),
-        LookupError::NotFound(m) | LookupError::Other(m) => {
-            ProviderError::Other(format!("listing Nodes: {m}"))
-        }
-    })?;
-    let mut out = BTreeMap::new();
-    for json in &nodes {
-        let Ok(n) = serde_json::from_str::<KubeNode>(json) else {
-            continue;
-        };
-        let (Some(name), Some(id)) = (
-            n.metadata.name.filter(|n| !n.is_empty()),
-            n.spec
-                .provider_id
-                .map(|p| p.trim().to_ascii_lowercase())
-                .filter(|p| !p.is_empty()),
-        ) else {
-            continue;
-        };
-        out.insert(id, name);
-    }
-    Ok(out)
+    Ok(cro_provider_sdk::nodes::list(host)?
+        .into_iter()
+        .filter_map(|n| Some((n.provider_id?.to_ascii_lowercase(), n.name)))
+        .collect())
 }
 
 /// A node of CDIM and the I/O adapter its GPUs are connected to.

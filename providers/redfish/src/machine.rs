@@ -3,30 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
-use cro_provider_sdk::{ComposableResource, Host, LookupError, ProviderError};
+use cro_provider_sdk::nodes::NodeRef;
+use cro_provider_sdk::{ComposableResource, Host, ProviderError};
 
 pub const PROVIDER_ID_PREFIX: &str = "redfish://";
-
-#[derive(Deserialize, Default)]
-struct Node {
-    #[serde(default)]
-    metadata: Metadata,
-    #[serde(default)]
-    spec: Spec,
-}
-
-#[derive(Deserialize, Default)]
-struct Metadata {
-    name: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Spec {
-    #[serde(rename = "providerID")]
-    provider_id: Option<String>,
-}
 
 /// The resource's system id.
 pub fn system_of<H: Host + ?Sized>(
@@ -42,19 +22,12 @@ pub fn system_of<H: Host + ?Sized>(
         return checked(m, &format!("the recorded machine id of {}", r.name));
     }
     let node = &r.target_node;
-    let json = host.get_node(node).map_err(|e| match e {
-        LookupError::Denied(m) => ProviderError::Denied(format!("looking up Node {node}: {m}")),
-        LookupError::NotFound(m) => ProviderError::NotFound(format!("Node {node}: {m}")),
-        LookupError::Other(m) => ProviderError::Other(format!("looking up Node {node}: {m}")),
-    })?;
-    let parsed: Node = serde_json::from_str(&json).map_err(|e| {
-        ProviderError::Other(format!("the host returned an unreadable Node {node}: {e}"))
-    })?;
-    system_of_node(node, &parsed)
+    system_of_node(&cro_provider_sdk::nodes::get(host, node)?)
 }
 
-fn system_of_node(node: &str, n: &Node) -> Result<String, ProviderError> {
-    let provider_id = n.spec.provider_id.as_deref().unwrap_or("").trim();
+fn system_of_node(n: &NodeRef) -> Result<String, ProviderError> {
+    let provider_id = n.provider_id.as_deref().unwrap_or("");
+    let node = &n.name;
     match provider_id.strip_prefix(PROVIDER_ID_PREFIX) {
         Some(id) if !id.trim().is_empty() => checked(id.trim(), &format!("Node {node}")),
         _ => Err(ProviderError::Config(format!(
@@ -77,25 +50,10 @@ fn checked(id: &str, whose: &str) -> Result<String, ProviderError> {
 pub fn nodes_by_system<H: Host + ?Sized>(
     host: &H,
 ) -> Result<BTreeMap<String, String>, ProviderError> {
-    let nodes = host.list_nodes().map_err(|e| match e {
-        LookupError::Denied(m) => ProviderError::Denied(format!("listing Nodes: {m}")),
-        LookupError::NotFound(m) | LookupError::Other(m) => {
-            ProviderError::Other(format!("listing Nodes: {m}"))
-        }
-    })?;
-    let mut out = BTreeMap::new();
-    for json in &nodes {
-        let Ok(n) = serde_json::from_str::<Node>(json) else {
-            continue;
-        };
-        let Some(name) = n.metadata.name.clone().filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        if let Ok(system) = system_of_node(&name, &n) {
-            out.insert(system, name);
-        }
-    }
-    Ok(out)
+    Ok(cro_provider_sdk::nodes::list(host)?
+        .into_iter()
+        .filter_map(|n| Some((system_of_node(&n).ok()?, n.name)))
+        .collect())
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //! - [`json`]: JSON over HTTP with typed errors (a fabric's error reply keeps the
 //!   vendor's code and message); [`oauth2`]: a client-credentials token cached in
 //!   `state`; [`encode`] and [`lenient`]: URL encoding and loose JSON fields;
-//!   [`endpoint`]: a configured endpoint checked and reduced to its origin;
+//!   [`endpoint`]: a configured endpoint checked and reduced to its origin; [`nodes`]:
+//!   Nodes' names and `providerID`s through the host's lookups;
 //! - [`testing::TestHost`]: a native double of the host for unit tests;
 //! - `export_provider!(MyProvider)` (wasm32): makes `MyProvider` (a [`Provider`] and
 //!   `guest::FromHost`) the component's `cdi-provider` export.
@@ -28,6 +29,7 @@ pub mod host;
 pub mod json;
 pub mod lenient;
 pub mod model;
+pub mod nodes;
 pub mod oauth2;
 pub mod provider;
 pub mod testing;
