@@ -198,6 +198,8 @@ pub struct Metrics {
     orphans_released: Counter,
     attach_adoptions: Counter,
     leader: Gauge,
+    /// Set once: a scraper tells a restarted process from one that kept running.
+    _start_time: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -278,6 +280,19 @@ impl Metrics {
                 "1 while this instance holds the leader Lease",
                 Gauge::default(),
             ),
+            _start_time: {
+                let gauge = registered(
+                    r,
+                    "process_start_time_seconds",
+                    "When this process started, in seconds since the Unix epoch (a restart changes it)",
+                    Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+                );
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                gauge.set(now.as_secs_f64());
+                gauge
+            },
             registry: Mutex::new(registry),
         }
     }
@@ -524,6 +539,16 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+        let started: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("cro_process_start_time_seconds "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no start time in\n{text}"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!((now - 60.0..=now).contains(&started), "{started} vs {now}");
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -102,18 +102,6 @@ impl DeviceProvider for Tripwire {
     }
 }
 
-/// xorshift64*: a seeded sequence without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
 /// Every device on the machine is held by exactly one resource, and every resource's
 /// device is on the machine.
 async fn assert_agree(env: &Env, machine: &str, request: &str) {
@@ -172,7 +160,7 @@ async fn killed_at_seeded_points_the_operator_converges_without_leaks_or_doubles
         .and_then(|s| s.parse().ok())
         .unwrap_or(SEED);
     eprintln!("crash test seed {seed}");
-    let mut rng = Rng(seed.max(1));
+    let mut rng = common::Rng::new(seed);
     let sizes = [2i64, 0, 3, 1, 2, 0];
     env.create_request("chaos", gpu(sizes[0])).await;
     let mut kills = 0;

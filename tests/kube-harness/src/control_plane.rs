@@ -1,9 +1,10 @@
 //! A throw-away etcd + kube-apiserver on loopback, in a temporary directory.
 
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -91,7 +92,10 @@ pub struct StartupTimings {
 // Field order is drop order: the API server, then etcd, then the directory they use.
 #[derive(Debug)]
 pub struct LocalControlPlane {
-    apiserver: Supervised,
+    /// Replaced in place by [`LocalControlPlane::restart_apiserver`] (the harness is shared).
+    apiserver: Mutex<Supervised>,
+    /// How the API server was started, to start it again the same way.
+    apiserver_command: (PathBuf, Vec<String>),
     etcd: Supervised,
     dir: HarnessDir,
     pub(crate) server_url: String,
@@ -107,7 +111,42 @@ impl LocalControlPlane {
     }
 
     pub(crate) fn pids(&self) -> [u32; 2] {
-        [self.apiserver.pid(), self.etcd.pid()]
+        let apiserver = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pid();
+        [apiserver, self.etcd.pid()]
+    }
+
+    /// Kills kube-apiserver (SIGKILL, as a crash) and starts it again on the same port
+    /// with the same flags; etcd keeps every object, so clients carry on once it answers
+    /// `/readyz` again. Returns how long it was gone.
+    pub(crate) async fn restart_apiserver(
+        &self,
+        timeout: Duration,
+    ) -> Result<Duration, StartError> {
+        let t0 = Instant::now();
+        self.apiserver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .kill();
+        let (program, args) = &self.apiserver_command;
+        let log = self.dir.path().join("kube-apiserver.log");
+        let mut process = spawn_logged(
+            &self.dir,
+            "kube-apiserver",
+            program,
+            args,
+            &log,
+            Restart::Append,
+        )?;
+        wait_apiserver_ready(&mut process, &self.config, &log, Instant::now() + timeout).await?;
+        *self
+            .apiserver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = process;
+        Ok(t0.elapsed())
     }
 
     /// Starts etcd, then kube-apiserver, and waits until `/readyz` answers.
@@ -145,7 +184,7 @@ impl LocalControlPlane {
 
         let t1 = Instant::now();
         let mut attempt = 0;
-        let (apiserver, server_url, kubeconfig_path, config) = loop {
+        let (apiserver, args, server_url, kubeconfig_path, config) = loop {
             attempt += 1;
             let port = pick_ports(1)?[0];
             let server_url = format!("https://127.0.0.1:{port}");
@@ -164,9 +203,10 @@ impl LocalControlPlane {
                 &binaries.kube_apiserver,
                 &args,
                 &log,
+                Restart::Truncate,
             )?;
             match wait_apiserver_ready(&mut apiserver, &config, &log, deadline).await {
-                Ok(()) => break (apiserver, server_url, kubeconfig_path, config),
+                Ok(()) => break (apiserver, args, server_url, kubeconfig_path, config),
                 Err(StartError::Exited { tail, .. })
                     if tail.contains(ADDRESS_IN_USE) && attempt < PORT_ATTEMPTS => {}
                 Err(StartError::Exited { tail, .. }) if tail.contains(ADDRESS_IN_USE) => {
@@ -182,7 +222,8 @@ impl LocalControlPlane {
             apiserver: t1.elapsed(),
         };
         Ok(Self {
-            apiserver,
+            apiserver: Mutex::new(apiserver),
+            apiserver_command: (binaries.kube_apiserver.clone(), args),
             etcd,
             dir,
             server_url,
@@ -285,14 +326,30 @@ fn free_ports(n: usize) -> Result<Vec<u16>, StartError> {
         .collect()
 }
 
+/// Whether a process's log starts afresh or continues its predecessor's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restart {
+    Truncate,
+    Append,
+}
+
 fn spawn_logged(
     dir: &HarnessDir,
     name: &'static str,
     program: &Path,
     args: &[String],
     log: &Path,
+    restart: Restart,
 ) -> Result<Supervised, StartError> {
-    let out = File::create(log).map_err(io_err(format!("cannot create {}", log.display())))?;
+    // A restarted process appends, keeping its predecessor's lines above its own; a
+    // first start (or a retry on another port) begins a fresh log.
+    let out = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(restart == Restart::Append)
+        .truncate(restart == Restart::Truncate)
+        .open(log)
+        .map_err(io_err(format!("cannot create {}", log.display())))?;
     let err = out
         .try_clone()
         .map_err(io_err("cannot duplicate a log file handle"))?;
@@ -337,7 +394,7 @@ async fn start_etcd(
             // The data is thrown away; fsync would only slow every test down.
             "--unsafe-no-fsync=true".to_owned(),
         ];
-        let mut process = spawn_logged(dir, "etcd", etcd, &args, &log)?;
+        let mut process = spawn_logged(dir, "etcd", etcd, &args, &log, Restart::Truncate)?;
         // "ready" is logged only after our own listeners are bound, so a clash with another
         // etcd on the same port cannot be mistaken for success.
         match wait_for_log(&mut process, &log, ETCD_READY, deadline).await {

@@ -78,6 +78,9 @@ pub enum HarnessError {
     /// The blocking lookup of the binaries was cancelled.
     #[error("the lookup of the control-plane binaries did not finish: {0}")]
     Join(String),
+    /// Asked to restart the API server of a cluster this harness did not start.
+    #[error("the API server of an existing cluster is not ours to restart")]
+    NotLocal,
 }
 
 /// Installs ring as the process's rustls provider (kube's rustls needs one); idempotent.
@@ -331,6 +334,14 @@ impl Harness {
     /// `kube-apiserver.log`).
     pub fn dir(&self) -> Option<&Path> {
         self.local.as_ref().map(|l| l.dir())
+    }
+
+    /// Kills kube-apiserver (SIGKILL, as a crash) and starts it again on the same port with
+    /// the same flags; everything is kept in etcd. Returns, once `/readyz` answers again,
+    /// how long the API server was gone. Clients built before keep working.
+    pub async fn restart_apiserver(&self, timeout: Duration) -> Result<Duration, HarnessError> {
+        let local = self.local.as_ref().ok_or(HarnessError::NotLocal)?;
+        Ok(local.restart_apiserver(timeout).await?)
     }
 
     /// Process ids of kube-apiserver and etcd of a local control plane.

@@ -42,6 +42,38 @@ fn named_configmap(name: &str) -> ConfigMap {
     cm
 }
 
+/// A restarted API server is a new process on the same port, with every object kept
+/// (etcd's), and a client made before it keeps working; the old process is gone, and
+/// dropping the harness still ends both.
+#[tokio::test]
+async fn a_restarted_api_server_keeps_objects_port_and_clients() {
+    let harness = Harness::start().await.unwrap();
+    let client = harness.client().unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(&PostParams::default(), &named_configmap("before"))
+        .await
+        .unwrap();
+    let (url, old) = (harness.server_url(), harness.pids()[0]);
+
+    let gone = harness
+        .restart_apiserver(Duration::from_secs(60))
+        .await
+        .unwrap();
+    eprintln!("the API server was gone for {gone:?}");
+    let new = harness.pids()[0];
+    assert_ne!(new, old);
+    assert!(!pid_alive(old), "the old API server survived its restart");
+    assert_eq!(harness.server_url(), url);
+    assert!(cms.get_opt("before").await.unwrap().is_some());
+    cms.create(&PostParams::default(), &named_configmap("after"))
+        .await
+        .unwrap();
+
+    let (pids, dir) = (harness.pids(), harness.dir().unwrap().to_path_buf());
+    drop(harness);
+    assert_cleaned_up(&pids, &dir);
+}
+
 #[tokio::test]
 async fn two_harnesses_serve_separately_and_drop_cleans_up() {
     let (a, b) = tokio::join!(Harness::start(), Harness::start());

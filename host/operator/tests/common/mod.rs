@@ -61,6 +61,30 @@ pub fn init_tracing() {
 }
 
 /// Polls `check` until it returns Some, or panics after `timeout` with `what`.
+/// xorshift64*: a seeded sequence without a dependency, so a failing run is replayed
+/// from the seed it printed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    /// A duration between `min` and `max`, in whole milliseconds.
+    pub fn between(&mut self, min: Duration, max: Duration) -> Duration {
+        let span = max.saturating_sub(min).as_millis() as u64;
+        min + Duration::from_millis(self.below(span.max(1)))
+    }
+}
+
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,

@@ -24,9 +24,9 @@ use super::{apply_go_readme_request, assert_all_commands_through_exec, go_readme
 use crate::common::nodes::{NodeOptions, NodeSetup};
 use crate::common::{CONVERGE, Env, MODEL, OPERATOR_NS, eventually};
 
-const RELEASE: &str = "cro";
-const DEPLOYMENT: &str = "cro-controller";
-const LEASE: &str = "c5744f42.hpsys.ibm.ie.com";
+pub(super) const RELEASE: &str = "cro";
+pub(super) const DEPLOYMENT: &str = "cro-controller";
+pub(super) const LEASE: &str = "c5744f42.hpsys.ibm.ie.com";
 /// Where scripts/test.sh leaves the image archive (deploy/image/build.sh --oci-archive);
 /// CRO_IMAGE_ARCHIVE names another.
 const DEFAULT_ARCHIVE: &str = "target/image/cro.oci.tar";
@@ -52,27 +52,27 @@ fn image_archive() -> PathBuf {
 }
 
 /// A loopback port nothing listens on now (the operator's pod binds it on the host).
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
 
-struct Ports {
-    metrics: u16,
-    probes: u16,
-    webhook: u16,
+pub(super) struct Ports {
+    pub(super) metrics: u16,
+    pub(super) probes: u16,
+    pub(super) webhook: u16,
 }
 
 /// helm against the real node's API server.
-struct Helm {
+pub(super) struct Helm {
     program: PathBuf,
     kubeconfig: PathBuf,
 }
 
 impl Helm {
-    fn new(env: &Env) -> Helm {
+    pub(super) fn new(env: &Env) -> Helm {
         Helm {
             program: tools::locate(Tool::Helm).expect("helm"),
             kubeconfig: env
@@ -83,7 +83,7 @@ impl Helm {
         }
     }
 
-    fn run(&self, args: &[&str]) -> Result<String, tools::ToolError> {
+    pub(super) fn run(&self, args: &[&str]) -> Result<String, tools::ToolError> {
         let mut all: Vec<&str> = args.to_vec();
         let kubeconfig = self.kubeconfig.to_str().unwrap();
         all.extend(["--kubeconfig", kubeconfig, "--namespace", OPERATOR_NS]);
@@ -93,7 +93,7 @@ impl Helm {
 
 /// The values docs/deploying.md gives for a one-node cluster whose pods use the host's
 /// network, with this fabric and these ports.
-fn install_values(env: &Env, ports: &Ports) -> String {
+pub(super) fn install_values(env: &Env, ports: &Ports) -> String {
     let api_port = env
         .harness
         .server_url()
@@ -130,7 +130,7 @@ fn install_values(env: &Env, ports: &Ports) -> String {
 }
 
 /// The operator's pods, Ready or not.
-async fn operator_pods(env: &Env) -> Vec<Pod> {
+pub(super) async fn operator_pods(env: &Env) -> Vec<Pod> {
     Api::<Pod>::namespaced(env.client.clone(), OPERATOR_NS)
         .list(&ListParams::default().labels("control-plane=controller-manager"))
         .await
@@ -138,7 +138,7 @@ async fn operator_pods(env: &Env) -> Vec<Pod> {
         .unwrap_or_default()
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub(super) fn is_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod
             .status
@@ -148,7 +148,7 @@ fn is_ready(pod: &Pod) -> bool {
 }
 
 /// Waits for exactly one Ready operator pod other than `not`; returns its name.
-async fn one_ready_pod(env: &Env, not: Option<&str>) -> String {
+pub(super) async fn one_ready_pod(env: &Env, not: Option<&str>) -> String {
     eventually("one Ready operator pod", CONVERGE, || async {
         let pods = operator_pods(env).await;
         let ready: Vec<String> = pods
@@ -239,7 +239,7 @@ async fn assert_metrics_by_token(env: &Env, port: u16) {
     assert!(body.contains("cro_"), "no cro metric in\n{body}");
 }
 
-fn lease_holder(lease: Option<Lease>) -> Option<String> {
+pub(super) fn lease_holder(lease: Option<Lease>) -> Option<String> {
     lease
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
@@ -272,7 +272,7 @@ async fn assert_what_stays(env: &Env) {
 
 /// The real node with the GPU operator's software, one machine with free GPUs, the
 /// credentials Secret, and the cro image in the node's containerd.
-async fn node_with_image() -> (Env, String) {
+pub(super) async fn node_with_image() -> (Env, String) {
     let env = Env::start_real(NodeSetup::gpu_operator()).await;
     let machine = env.add_real_node(NodeOptions::default()).await;
     env.sim.add_free_devices("gpu", MODEL, 3);

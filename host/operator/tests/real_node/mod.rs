@@ -17,6 +17,7 @@ use node_sim::ExecFault;
 use serde_json::json;
 
 mod install;
+mod storms;
 
 use crate::common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSetup};
 use crate::common::{CONVERGE, Env, GPU_NS, MODEL, eventually};

@@ -258,6 +258,18 @@ impl RealNode {
         self.wait_node_ready().await
     }
 
+    /// Kills containerd (SIGKILL, as a crash) and starts it again with the same
+    /// configuration; returns once the node is Ready again. The shims run in their own
+    /// process groups, so containers survive, as they do on a real node; the kubelet
+    /// reconnects to the new containerd.
+    pub async fn restart_containerd(&mut self) -> Result<(), RealNodeError> {
+        if let Some(mut c) = self.containerd.take() {
+            c.kill();
+        }
+        self.containerd = Some(self.start_containerd().await?);
+        self.wait_node_ready().await
+    }
+
     /// Waits until `namespace` has its `default` ServiceAccount (the controller-manager
     /// makes it a few seconds after the namespace; pods are refused before).
     pub async fn wait_default_service_account(&self, namespace: &str) -> Result<(), RealNodeError> {
@@ -510,7 +522,13 @@ fn spawn_logged(
     mut cmd: Command,
     log: &Path,
 ) -> Result<Supervised, RealNodeError> {
-    let out = File::create(log).map_err(io_err(format!("cannot create {}", log.display())))?;
+    // Appended to: a restarted kubelet or containerd keeps its predecessor's lines, which
+    // say what it was doing when it was killed.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io_err(format!("cannot create {}", log.display())))?;
     let err = out
         .try_clone()
         .map_err(io_err("cannot duplicate a log file handle"))?;
