@@ -570,8 +570,10 @@ pub fn render_call(
         Ok(v) => {
             let _ = writeln!(out, "{}: ok", trace.operation);
             let pretty = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+            // JSON escapes control characters but not the invisible format characters
+            // (bidi overrides, zero-width) a guest's strings may carry to the terminal.
             for line in pretty.lines() {
-                let _ = writeln!(out, "  {line}");
+                let _ = writeln!(out, "  {}", cro_runtime::escape_line(line, line.len()));
             }
         }
         Err(e) => {
@@ -660,4 +662,32 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a guest returns reaches the terminal with its invisible format characters
+    /// escaped: a bidi override in a device id cannot reorder the line a vendor reads.
+    #[test]
+    fn a_returned_value_prints_without_invisible_characters() {
+        let trace = cro_conformance::CallTrace {
+            operation: "get-resources".into(),
+            outcome: "ok".into(),
+            duration_ms: 1.0,
+            peak_memory_bytes: 1 << 20,
+            uses: Vec::new(),
+            uses_dropped: 0,
+        };
+        let value =
+            serde_json::json!({"devices": [{"id": "GPU-1\u{202e}fdp.exe", "note": "a\u{200b}b"}]});
+        let text = render_call(&trace, &Ok(value));
+        assert!(
+            !text.chars().any(cro_runtime::is_invisible_format),
+            "{text:?}"
+        );
+        assert!(text.contains("GPU-1\\u{202e}fdp.exe"), "{text}");
+        assert!(text.contains("a\\u{200b}b"), "{text}");
+    }
 }

@@ -4,12 +4,19 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use cro_runtime::{CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, UseOutcome};
+use cro_runtime::{
+    CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, UseOutcome, escape_line,
+};
 use serde::Serialize;
 
 /// Uses kept per recorder; a provider looping on a capability cannot grow it further
 /// (what is left out is counted).
 const MAX_USES: usize = 10_000;
+/// Bytes of text (targets and reasons) kept per recorder, whatever the observer was
+/// handed: a trace printed to a vendor's terminal or CI log stays readable.
+const MAX_TEXT_BYTES: usize = 2 << 20;
+/// Bytes of one use's target or reason kept (before escaping).
+const USE_TEXT_BYTES: usize = 512;
 
 /// Collects every capability use and call end of one provider.
 #[derive(Debug, Default)]
@@ -20,6 +27,8 @@ pub struct Recorder {
 #[derive(Debug, Default)]
 struct Recorded {
     pending: Vec<CapabilityUse>,
+    /// Text bytes of `pending`.
+    text_bytes: usize,
     calls: Vec<CallStats>,
     dropped: u64,
 }
@@ -113,6 +122,7 @@ impl Recorder {
     pub fn take_call(&self, operation: &str, outcome: String) -> CallTrace {
         let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let uses = std::mem::take(&mut r.pending);
+        r.text_bytes = 0;
         let calls = std::mem::take(&mut r.calls);
         let dropped = std::mem::take(&mut r.dropped);
         CallTrace {
@@ -127,9 +137,23 @@ impl Recorder {
 }
 
 impl CapabilityObserver for Recorder {
-    fn capability_used(&self, event: CapabilityUse) {
+    fn capability_used(&self, mut event: CapabilityUse) {
+        // Guest text: escaped and bounded here too, whoever built the event.
+        event.target = escape_line(&event.target, USE_TEXT_BYTES);
+        let bytes = event.target.len();
+        event.outcome = match event.outcome {
+            UseOutcome::Failed(why) => UseOutcome::Failed(escape_line(&why, USE_TEXT_BYTES)),
+            UseOutcome::Denied(why) => UseOutcome::Denied(escape_line(&why, USE_TEXT_BYTES)),
+            allowed => allowed,
+        };
+        let bytes = bytes
+            + match &event.outcome {
+                UseOutcome::Failed(why) | UseOutcome::Denied(why) => why.len(),
+                UseOutcome::Allowed { .. } => 0,
+            };
         let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if r.pending.len() < MAX_USES {
+        if r.pending.len() < MAX_USES && r.text_bytes + bytes <= MAX_TEXT_BYTES {
+            r.text_bytes += bytes;
             r.pending.push(event);
         } else {
             r.dropped += 1;
@@ -141,5 +165,55 @@ impl CapabilityObserver for Recorder {
         if r.calls.len() < MAX_USES {
             r.calls.push(stats);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied_secret(key: &str) -> CapabilityUse {
+        CapabilityUse {
+            capability: CapabilityKind::Secret,
+            target: key.to_owned(),
+            outcome: UseOutcome::Denied(format!("key {key} is not granted")),
+            duration: Duration::from_micros(3),
+        }
+    }
+
+    /// A provider looping on denied `secrets.get` with huge key names full of terminal
+    /// escapes: the trace stays within its bytes, counts what it left out, and every line
+    /// prints without a control or invisible format character.
+    #[test]
+    fn a_looping_provider_cannot_grow_the_trace_or_write_to_the_terminal() {
+        let recorder = Recorder::new();
+        let key = format!("\u{1b}[2J\u{1b}[31m\n\u{202e}{}", "k".repeat(64 << 10));
+        for _ in 0..3_000 {
+            recorder.capability_used(denied_secret(&key));
+        }
+        let trace = recorder.take_call("get-resources", "ok".into());
+        let text: usize = trace
+            .uses
+            .iter()
+            .map(|u| u.target.len() + u.detail.as_ref().map_or(0, String::len))
+            .sum();
+        assert!(text <= MAX_TEXT_BYTES, "{text} bytes of text kept");
+        assert!(trace.uses_dropped > 0);
+        assert_eq!(trace.uses.len() as u64 + trace.uses_dropped, 3_000);
+        for u in &trace.uses {
+            let line = u.line();
+            assert!(
+                !line
+                    .chars()
+                    .any(|c| c.is_control() || cro_runtime::is_invisible_format(c)),
+                "{line:?}"
+            );
+            assert!(line.contains("\\u{1b}[2J"), "{line}");
+        }
+        // The next call starts with an empty budget.
+        recorder.capability_used(denied_secret("password"));
+        let next = recorder.take_call("get-resources", "ok".into());
+        assert_eq!(next.uses.len(), 1);
+        assert_eq!(next.uses[0].target, "password");
     }
 }

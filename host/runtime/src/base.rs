@@ -96,7 +96,7 @@ pub(crate) fn clip(text: &str, max: usize) -> &str {
 /// A guest string made safe for one log line: control characters (newlines included)
 /// escaped so the guest cannot forge a separate line or move the cursor, and at most
 /// `max` bytes of the input kept.
-pub(crate) fn escape_line(text: &str, max: usize) -> String {
+pub fn escape_line(text: &str, max: usize) -> String {
     let kept = clip(text, max);
     let mut out = String::with_capacity(kept.len() + 16);
     for c in kept.chars() {
@@ -113,9 +113,27 @@ pub(crate) fn escape_line(text: &str, max: usize) -> String {
 }
 
 /// Characters that would break a log line apart (or look like they do): control
-/// characters and the Unicode line and paragraph separators.
+/// characters, the Unicode line and paragraph separators, and the invisible format
+/// characters that reorder or hide what a reader sees.
 pub(crate) fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || is_invisible_format(c)
+}
+
+/// Unicode format characters a terminal or log viewer does not show but obeys: the bidi
+/// embeddings, overrides, isolates and marks (which make `evil.example` read as
+/// something else), zero-width characters, word joiners, the soft hyphen and the BOM.
+pub fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 /// A guest string quoted inside a host message (a denial, an invalid name).
@@ -141,6 +159,11 @@ mod tests {
             "a\\nb\\r\\tc\\u{1b}[2J"
         );
         assert_eq!(escape_line("x\u{2028}y", 100), "x\\u{2028}y");
+        // Bidi overrides and zero-width characters would reorder or hide text.
+        assert_eq!(
+            escape_line("a\u{202e}b\u{200b}c\u{2066}d\u{feff}", 100),
+            "a\\u{202e}b\\u{200b}c\\u{2066}d\\u{feff}"
+        );
         let long = "z".repeat(1 << 20);
         let line = escape_line(&long, 10);
         assert!(line.starts_with("zzzzzzzzzz… ["), "{line}");

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use crate::base::escape_line;
 use crate::budget::{Admit, MinuteWindow};
 
 /// Denial lines logged per provider per minute; further denials are only counted.
@@ -77,7 +78,25 @@ pub enum UseOutcome {
     Denied(String),
 }
 
-/// One capability use of a call, as the observer sees it.
+impl UseOutcome {
+    /// The outcome with its reason made safe to print and bounded (it quotes guest text).
+    fn bounded(self) -> UseOutcome {
+        match self {
+            UseOutcome::Failed(why) => UseOutcome::Failed(escape_line(&why, OBSERVED_TEXT_BYTES)),
+            UseOutcome::Denied(why) => UseOutcome::Denied(escape_line(&why, OBSERVED_TEXT_BYTES)),
+            allowed => allowed,
+        }
+    }
+}
+
+/// Bytes of a use's target and reason kept for an observer (before escaping): both come
+/// from the guest (a URL, a Secret key, an object name), and a trace of a provider
+/// looping on 8 MB key names must hold neither those bytes nor their control characters.
+pub const OBSERVED_TEXT_BYTES: usize = 512;
+
+/// One capability use of a call, as the observer sees it: `target` and any reason are
+/// escaped (no control or invisible format character) and at most
+/// [`OBSERVED_TEXT_BYTES`] of the guest's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapabilityUse {
     pub capability: CapabilityKind,
@@ -159,8 +178,8 @@ impl Gate {
             let (capability, target, outcome) = event();
             observer.capability_used(CapabilityUse {
                 capability,
-                target,
-                outcome,
+                target: escape_line(&target, OBSERVED_TEXT_BYTES),
+                outcome: outcome.bounded(),
                 duration: started.elapsed(),
             });
         }
@@ -332,5 +351,37 @@ mod tests {
         assert_eq!(uses[0].target, "password");
         assert!(uses[0].denied());
         assert_eq!(seen.1.lock().unwrap()[0].peak_memory_bytes, 1 << 20);
+    }
+
+    /// A guest's 8 MB key name full of terminal escapes reaches an observer bounded
+    /// and escaped, and so does the reason quoting it.
+    #[test]
+    fn an_observer_sees_guest_text_bounded_and_escaped() {
+        let seen = Arc::new(Seen::default());
+        let observed = gate().with_observer(seen.clone());
+        let hostile = format!("\u{1b}[2J\n\u{202e}{}", "k".repeat(8 << 20));
+        observed.used(observed.start(), || {
+            (
+                CapabilityKind::Secret,
+                hostile.clone(),
+                UseOutcome::Denied(format!("key {hostile} not granted")),
+            )
+        });
+        let uses = seen.0.lock().unwrap();
+        let UseOutcome::Denied(why) = &uses[0].outcome else {
+            panic!("{:?}", uses[0].outcome);
+        };
+        for text in [&uses[0].target, why] {
+            assert!(
+                text.len() < OBSERVED_TEXT_BYTES + 64,
+                "{} bytes",
+                text.len()
+            );
+            assert!(
+                !text.chars().any(crate::base::needs_escape),
+                "unescaped: {text:?}"
+            );
+            assert!(text.contains("\\u{1b}[2J\\n\\u{202e}kkk"), "{text}");
+        }
     }
 }

@@ -101,7 +101,7 @@ pub mod report;
 mod runtime;
 pub mod wit;
 
-pub use base::WallClock;
+pub use base::{WallClock, escape_line, is_invisible_format};
 pub use budget::{Budget, BudgetCounters, BudgetExceeded};
 pub use cache::{CacheError, CacheOutcome, CacheStats, ComponentCache};
 pub use domain::{

@@ -286,6 +286,20 @@ pub fn refused_header(name: &str) -> bool {
         "te",
         "trailer",
         "keep-alive",
+        // Routing: a proxy or gateway in front of the fabric would send the request
+        // somewhere the grant never named.
+        "forwarded",
+        "x-forwarded-host",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-forwarded-server",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-original-host",
+        "x-host",
+        "x-http-method-override",
     ];
     let lower = name.trim().to_ascii_lowercase();
     REFUSED.contains(&lower.as_str()) || lower.starts_with("proxy-")
@@ -329,8 +343,9 @@ impl Check for Header<'_> {
         }
         Err(format!(
             "the request header `{}` is set by the host only (Host, Connection, \
-             Transfer-Encoding, Content-Length, Upgrade, TE, Trailer, Keep-Alive \
-             and Proxy-* cannot be granted)",
+             Transfer-Encoding, Content-Length, Upgrade, TE, Trailer, Keep-Alive, \
+             Proxy-*, and the routing headers Forwarded, X-Forwarded-*, X-Original-URL, \
+             X-Rewrite-URL, X-Original-Host, X-Host and X-HTTP-Method-Override cannot be granted)",
             quote(self.0)
         ))
     }
@@ -352,6 +367,12 @@ mod tests {
             "Proxy-Authorization",
             "proxy-connection",
             "TE",
+            "Forwarded",
+            "X-Forwarded-Host",
+            "x-forwarded-for",
+            "X-Original-URL",
+            "X-Rewrite-URL",
+            "X-HTTP-Method-Override",
         ] {
             assert!(refused_header(name), "{name}");
         }
