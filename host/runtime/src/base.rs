@@ -40,9 +40,47 @@ pub(crate) fn base_config() -> wasmtime::Config {
 
 pub(crate) fn error_chain(e: &wasmtime::Error) -> String {
     e.chain()
-        .map(|c| c.to_string())
+        .map(|c| bounded_display(c, CHAIN_PART_BYTES))
         .collect::<Vec<_>>()
         .join(": ")
+}
+
+/// Bytes of one error of a chain kept when it is formatted. A trap's backtrace names the
+/// guest's functions, and a guest can make those names megabytes long: formatted whole,
+/// each failing call cost hundreds of MiB and seconds after its deadline.
+pub(crate) const CHAIN_PART_BYTES: usize = 2048;
+
+/// `value` formatted, but no more than `max` bytes of it ever produced: formatting stops
+/// there (the writer refuses the rest), so a huge `Display` costs what `max` allows.
+pub(crate) fn bounded_display(value: &dyn std::fmt::Display, max: usize) -> String {
+    struct Bounded {
+        out: String,
+        max: usize,
+        cut: bool,
+    }
+    impl std::fmt::Write for Bounded {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = self.max.saturating_sub(self.out.len());
+            if s.len() <= room {
+                self.out.push_str(s);
+                return Ok(());
+            }
+            self.out.push_str(clip(s, room));
+            self.cut = true;
+            Err(std::fmt::Error)
+        }
+    }
+    let mut w = Bounded {
+        out: String::new(),
+        max,
+        cut: false,
+    };
+    // An error here is the writer's own refusal: what was kept is the answer.
+    let _ = std::fmt::write(&mut w, format_args!("{value}"));
+    if w.cut {
+        w.out.push_str("… [cut]");
+    }
+    w.out
 }
 
 /// A spec field with an unacceptable value (turned into a `GrantError` by `grants`).
@@ -144,6 +182,34 @@ pub(crate) fn quote(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trap in a function whose name is a megabyte long formats in a few KiB: the
+    /// backtrace is cut while it is written, not after.
+    #[test]
+    fn a_trap_backtrace_with_huge_names_is_cut_while_formatted() {
+        let name = "f".repeat(1 << 20);
+        let wat = format!(
+            r#"(module (func ${name} (export "run") call ${name}2) (func ${name}2 unreachable))"#
+        );
+        let engine = wasmtime::Engine::default();
+        let module = wasmtime::Module::new(&engine, &wat).unwrap();
+        let mut store = wasmtime::Store::new(&engine, ());
+        let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
+        let run = instance
+            .get_typed_func::<(), ()>(&mut store, "run")
+            .unwrap();
+        let err = run.call(&mut store, ()).unwrap_err();
+        let text = error_chain(&err);
+        assert!(text.len() < 3 * CHAIN_PART_BYTES, "{} bytes", text.len());
+        assert!(text.contains("unreachable"), "{text}");
+        assert!(text.contains("… [cut]"), "{text}");
+    }
+
+    #[test]
+    fn bounded_display_stops_at_its_bound() {
+        assert_eq!(bounded_display(&"short", 10), "short");
+        assert_eq!(bounded_display(&"héllo world", 3), "hé… [cut]");
+    }
 
     #[test]
     fn clips_on_character_boundaries() {

@@ -454,15 +454,23 @@ struct Clipper<'a> {
 
 impl Clipper<'_> {
     fn s(&self, text: String) -> String {
-        if text.len() <= self.max {
-            return text;
+        let (text, cut) = self.cut(text);
+        if cut {
+            self.budgets.hit(Budget::ProviderText);
         }
-        self.budgets.hit(Budget::ProviderText);
+        text
+    }
+
+    /// `text` cut to `max` bytes with a note of what went; true when something did.
+    fn cut(&self, text: String) -> (String, bool) {
+        if text.len() <= self.max {
+            return (text, false);
+        }
         let cut = text.len() - clip(&text, self.max).len();
         let mut text = text;
         text.truncate(text.len() - cut);
         text.push_str(&format!("… [{cut} more bytes cut]"));
-        text
+        (text, true)
     }
 
     /// Provider prose (error and progress messages): control characters escaped, then
@@ -470,29 +478,51 @@ impl Clipper<'_> {
     /// `\n` must not start a forged line of its own. Ids are clipped only ([`Self::s`]):
     /// escaping would change them.
     fn prose(&self, text: String) -> String {
-        if text.chars().any(needs_escape) {
-            self.s(escape_line(&text, text.len()))
-        } else {
-            self.s(text)
+        if !text.chars().any(needs_escape) {
+            return self.s(text);
         }
+        // Clipped before it is escaped: escaping all of an 8 MiB string of control
+        // characters cost more time and memory than the call it came from, after its
+        // deadline. Escaping can grow what was kept: cut again (one cut, counted once).
+        let clipped = text.len() > self.max;
+        let (escaped, cut) = self.cut(escape_line(&text, self.max));
+        if clipped || cut {
+            self.budgets.hit(Budget::ProviderText);
+        }
+        escaped
     }
 
     /// The last `max` bytes (a panic message comes last on stderr), escaped like prose.
     fn tail(&self, text: String) -> String {
-        let text = if text.chars().any(needs_escape) {
-            escape_line(&text, text.len())
+        // Only the last `max` bytes can be kept: escape no more than those.
+        let mut from = text.len().saturating_sub(self.max);
+        while !text.is_char_boundary(from) {
+            from += 1;
+        }
+        let dropped = from;
+        let text = if text[from..].chars().any(needs_escape) {
+            escape_line(&text[from..], self.max)
         } else {
-            text
+            text[from..].to_owned()
         };
-        if text.len() <= self.max {
+        if text.len() <= self.max && dropped == 0 {
             return text;
         }
+        if text.len() <= self.max {
+            self.budgets.hit(Budget::ProviderText);
+            return format!("[{dropped} earlier bytes dropped] {text}");
+        }
+        // Escaping grew the kept part past `max`: keep its end.
         self.budgets.hit(Budget::ProviderText);
         let mut start = text.len() - self.max;
         while !text.is_char_boundary(start) {
             start += 1;
         }
-        format!("[{start} earlier bytes dropped] {}", &text[start..])
+        format!(
+            "[{} earlier bytes dropped] {}",
+            dropped + start,
+            &text[start..]
+        )
     }
 
     fn error(&self, e: ProviderError) -> ProviderError {

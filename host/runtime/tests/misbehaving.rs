@@ -307,6 +307,37 @@ async fn a_48_mib_error_message_never_reaches_the_operator_whole() {
     assert_eq!(p.budgets().get(Budget::ProviderText), 1);
 }
 
+/// An 8 MiB error of control characters is clipped before it is escaped: the message
+/// that reaches the operator is bounded and escaped, and the host spends no more on it
+/// than on a plain one (escaping it whole cost seconds after a 1 s deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_of_control_characters_is_clipped_before_it_is_escaped() {
+    let mut hostile = spec("big-error", &[("size", "8388608"), ("fill", "\u{1}")]);
+    hostile.limits.memory_bytes = 128 << 20;
+    hostile.limits.host_call_bytes = 64 << 20;
+    hostile.limits.call_timeout_ms = 1_000;
+    let p = load(&hostile).await;
+    let mut plain_spec = hostile.clone();
+    plain_spec.config.insert("fill".into(), "e".into());
+    let plain = load(&plain_spec).await;
+    let (_, plain_took) = timed(plain.add(&AddRequest::new(gpu("a")))).await;
+    let (out, took) = timed(p.add(&AddRequest::new(gpu("a")))).await;
+    let Err(CallError::Provider(ProviderError::Other(m))) = &out else {
+        panic!("{out:?}")
+    };
+    let max = p.spec().limits.provider_text_bytes as usize;
+    assert!(m.len() < max + 40, "{} bytes", m.len());
+    assert!(m.starts_with("\\u{1}\\u{1}"), "{}", &m[..40]);
+    assert!(!m.chars().any(char::is_control));
+    assert!(m.ends_with("more bytes cut]"), "{}", &m[m.len() - 40..]);
+    assert_eq!(p.budgets().get(Budget::ProviderText), 1);
+    eprintln!("8 MiB of control characters: {took:?}; of plain text: {plain_took:?}");
+    assert!(
+        took < plain_took * 3 + Duration::from_millis(200),
+        "{took:?} against {plain_took:?} for plain text"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn components_larger_than_a_pool_slot_are_refused_at_load() {
     let options = runtime().options().clone();

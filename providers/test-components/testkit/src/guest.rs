@@ -459,7 +459,9 @@ mod hostile {
 
     /// Fails with a `size`-byte message (48 MiB by default).
     pub fn big_error() -> Result<String, ProviderError> {
-        Err(ProviderError::Other("e".repeat(size(48 << 20))))
+        let fill = cfg_or("fill", "e");
+        let unit = fill.len().max(1);
+        Err(ProviderError::Other(fill.repeat(size(48 << 20) / unit)))
     }
 
     /// Stores tiny entries until `state` refuses one (at most `count`).
