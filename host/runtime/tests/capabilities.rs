@@ -567,6 +567,32 @@ async fn a_newline_in_a_log_message_cannot_forge_a_line() {
     }
 }
 
+/// A guest's message is quoted in our line: a `provider=` of its own (or a quote and a
+/// backslash to end the quotes early) stays inside the quotes, and the only field after
+/// them is ours.
+#[tokio::test(flavor = "current_thread")]
+async fn a_log_message_cannot_carry_its_own_provider_field() {
+    let (captured, _guard) = capture_logs(tracing::Level::INFO);
+    let forged = "all good\\\" provider=\"trusted-vendor\" level=INFO";
+    let mut logging = spec("log", &[("message", forged)]);
+    logging.name = "forger".into();
+    let p = load(&logging).await;
+    assert_eq!(p.add(&AddRequest::new(gpu("a"))).await, ok("logged", "log"));
+    let text = captured.text();
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cro_provider:") && l.contains("all good"))
+        .collect();
+    assert_eq!(ours.len(), 3, "{text}");
+    for line in ours {
+        let quoted = format!("{forged:?}");
+        assert!(line.contains(&quoted), "{line}");
+        let after = &line[line.find(&quoted).unwrap() + quoted.len()..];
+        assert!(!after.contains("trusted-vendor"), "{line}");
+        assert!(after.contains("forger"), "{line}");
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn megabyte_names_of_ungranted_things_make_short_denials() {
     let (captured, _guard) = capture_logs(tracing::Level::INFO);

@@ -17,7 +17,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime_wasi::WasiView;
 
 use super::capability::{CallSetup, Capability, Declared, Findings, Load, NoGrant, SetupError};
-use crate::base::{FieldError, escape_line};
+use crate::base::{FieldError, clip};
 use crate::budget::{Admit, Budget, BudgetCounters, BudgetExceeded, MinuteWindow};
 use crate::gate::{CapabilityKind, Check, Gate};
 use crate::limits::Limits;
@@ -142,6 +142,24 @@ impl Log {
     }
 }
 
+/// A guest's log message as it appears in our log line: clipped, then quoted and
+/// escaped as Rust's `Debug` does (no control or invisible character, its own quotes and
+/// backslashes escaped), so
+/// that no text of the guest's can pass for a field of the line in a text log
+/// (`provider=...` after the message is ours).
+fn quoted_message(message: &str) -> String {
+    let kept = clip(message, MESSAGE_BYTES);
+    // Debug quoting escapes quotes, backslashes, control and format characters.
+    let mut line = format!("{kept:?}");
+    if kept.len() < message.len() {
+        line.push_str(&format!(
+            "… [{} more bytes cut]",
+            message.len() - kept.len()
+        ));
+    }
+    line
+}
+
 /// One call's side: what it has written so far.
 pub(crate) struct LogCall {
     shared: Arc<Log>,
@@ -165,7 +183,7 @@ impl wit::Host for LogCall {
         if shared.gate.check(&WriteLog).is_err() {
             return Ok(());
         }
-        let line = escape_line(&message, MESSAGE_BYTES);
+        let line = quoted_message(&message);
         // Free the guest's copy now: it may be as large as the host-call budget.
         drop(message);
         self.lines += 1;
