@@ -330,6 +330,12 @@ pub struct ProviderLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub provider_text_bytes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub http_requests_per_call: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub http_bytes_sent_per_call: Option<u64>,
 }
 
 impl ProviderLimits {

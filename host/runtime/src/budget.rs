@@ -36,10 +36,14 @@ pub enum Budget {
     State,
     /// A provider string longer than `limits.provider_text_bytes`: it is cut.
     ProviderText,
+    /// HTTP requests of one call (`limits.http_requests_per_call`).
+    HttpRequests,
+    /// Bytes sent over HTTP by one call (`limits.http_bytes_sent_per_call`).
+    HttpBytesSent,
 }
 
 impl Budget {
-    pub const ALL: [Budget; 9] = [
+    pub const ALL: [Budget; 11] = [
         Budget::Memory,
         Budget::HostCallBytes,
         Budget::LogLines,
@@ -49,6 +53,8 @@ impl Budget {
         Budget::ClusterRate,
         Budget::State,
         Budget::ProviderText,
+        Budget::HttpRequests,
+        Budget::HttpBytesSent,
     ];
 
     /// The metric label.
@@ -63,6 +69,8 @@ impl Budget {
             Budget::ClusterRate => "cluster_rate",
             Budget::State => "state",
             Budget::ProviderText => "provider_text",
+            Budget::HttpRequests => "http_requests",
+            Budget::HttpBytesSent => "http_bytes_sent",
         }
     }
 
@@ -78,6 +86,8 @@ impl Budget {
             Budget::ClusterRate => "cluster_reads_per_second",
             Budget::State => "state_bytes/state_entries",
             Budget::ProviderText => "provider_text_bytes",
+            Budget::HttpRequests => "http_requests_per_call",
+            Budget::HttpBytesSent => "http_bytes_sent_per_call",
         }
     }
 
@@ -120,6 +130,8 @@ fn describe(budget: Budget, limit: u64) -> String {
         }
         Budget::State => format!("filled its state store ({limit})"),
         Budget::ProviderText => format!("returned text longer than {limit} bytes"),
+        Budget::HttpRequests => format!("made more than {limit} HTTP requests in one call"),
+        Budget::HttpBytesSent => format!("sent more than {limit} bytes over HTTP in one call"),
     };
     format!(
         "the provider {what}; the host stopped it (raise limits.{} in the provider spec if \
@@ -131,7 +143,7 @@ fn describe(budget: Budget, limit: u64) -> String {
 /// How often each budget was hit, per provider (for metrics).
 #[derive(Debug, Default)]
 pub struct BudgetCounters {
-    counts: [AtomicU64; 9],
+    counts: [AtomicU64; 11],
 }
 
 impl BudgetCounters {

@@ -45,6 +45,11 @@ pub struct Limits {
     /// Longest text a provider hands back (an error message, an in-progress note, an id);
     /// longer text is cut.
     pub provider_text_bytes: u32,
+    /// HTTP requests of one call: a provider looping on a tiny GET made over a thousand
+    /// requests a second for the whole deadline.
+    pub http_requests_per_call: u32,
+    /// Bytes one call may send over HTTP (URLs, headers and bodies).
+    pub http_bytes_sent_per_call: u64,
 }
 
 impl Default for Limits {
@@ -64,6 +69,8 @@ impl Default for Limits {
             cluster_reads_per_call: 512,
             cluster_reads_per_second: 50,
             provider_text_bytes: 4096,
+            http_requests_per_call: 256,
+            http_bytes_sent_per_call: 16 << 20,
         }
     }
 }
@@ -80,6 +87,9 @@ impl Limits {
     pub const MAX_LOG_LINES: u32 = 1 << 20;
     pub const MAX_LOG_BYTES: u64 = 1 << 30;
     pub const MAX_CLUSTER_READS_PER_CALL: u32 = 1 << 16;
+    pub const MAX_HTTP_REQUESTS_PER_CALL: u32 = 1 << 16;
+    pub const MIN_HTTP_BYTES_SENT_PER_CALL: u64 = 1 << 10;
+    pub const MAX_HTTP_BYTES_SENT_PER_CALL: u64 = 1 << 30;
     pub const MAX_CLUSTER_READS_PER_SECOND: u32 = 10_000;
     pub const MIN_PROVIDER_TEXT_BYTES: u32 = 256;
     pub const MAX_PROVIDER_TEXT_BYTES: u32 = 1 << 20;
@@ -100,6 +110,7 @@ impl Limits {
         self.validate_host()?;
         self.validate_logs()?;
         self.validate_cluster()?;
+        self.validate_http()?;
         range(
             "provider_text_bytes",
             u64::from(self.provider_text_bytes),
@@ -178,6 +189,22 @@ impl Limits {
             self.log_bytes_per_minute,
             0,
             Self::MAX_LOG_BYTES,
+        )
+    }
+
+    /// The HTTP budgets of one call.
+    fn validate_http(&self) -> Result<(), FieldError> {
+        range(
+            "http_requests_per_call",
+            u64::from(self.http_requests_per_call),
+            1,
+            u64::from(Self::MAX_HTTP_REQUESTS_PER_CALL),
+        )?;
+        range(
+            "http_bytes_sent_per_call",
+            self.http_bytes_sent_per_call,
+            Self::MIN_HTTP_BYTES_SENT_PER_CALL,
+            Self::MAX_HTTP_BYTES_SENT_PER_CALL,
         )
     }
 

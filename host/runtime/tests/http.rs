@@ -397,3 +397,71 @@ async fn framing_and_routing_headers_never_go_on_the_wire() {
     );
     assert_eq!(*seen.lock().unwrap(), vec![addr.to_string()]);
 }
+
+/// A counting sink: every request that reaches it, and the bytes of their bodies.
+async fn sink() -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (hits, bytes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let router = Router::new()
+        .fallback(any(
+            |State((hits, bytes)): State<(Arc<AtomicUsize>, Arc<AtomicUsize>)>,
+             body: axum::body::Bytes| async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                bytes.fetch_add(body.len(), Ordering::SeqCst);
+                "ok"
+            },
+        ))
+        .with_state((hits.clone(), bytes.clone()))
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    (serve(router).await, hits, bytes)
+}
+
+/// A provider looping on a tiny GET is stopped at `limits.http_requests_per_call`, one
+/// sending 8 MB bodies at `limits.http_bytes_sent_per_call`: the fabric sees no request
+/// past the budget, and the call ends with the budget named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_bytes_sent_per_call_are_budgeted() {
+    let (addr, hits, bytes) = sink().await;
+    let grant = format!("http://{addr}");
+    let url = format!("http://{addr}/loop");
+
+    let mut gets = http_spec(&url, Some(&grant), &[]);
+    gets.config.insert("mode".into(), "http-loop".into());
+    gets.limits.http_requests_per_call = 40;
+    let p = load(&gets).await;
+    let (out, served) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(cro_runtime::BudgetExceeded {
+            budget: cro_runtime::Budget::HttpRequests,
+            limit: 40
+        }))
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 40);
+    assert_eq!(p.budgets().get(cro_runtime::Budget::HttpRequests), 1);
+    assert!(served > 0);
+    let text = out.unwrap_err().to_string();
+    assert!(text.contains("limits.http_requests_per_call"), "{text}");
+
+    hits.store(0, Ordering::SeqCst);
+    let mut posts = http_spec(
+        &url,
+        Some(&grant),
+        &[("method", "POST"), ("size", "8000000")],
+    );
+    posts.config.insert("mode".into(), "http-loop".into());
+    posts.limits.memory_bytes = 64 << 20;
+    posts.limits.host_call_bytes = 16 << 20;
+    posts.limits.http_bytes_sent_per_call = 20_000_000;
+    let p = load(&posts).await;
+    let out = p.add(&AddRequest::new(gpu("a"))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(cro_runtime::BudgetExceeded {
+            budget: cro_runtime::Budget::HttpBytesSent,
+            limit: 20_000_000
+        }))
+    );
+    // Two bodies fit in 20 MB; the third is refused before a byte of it is sent.
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert_eq!(bytes.load(Ordering::SeqCst), 16_000_000);
+}

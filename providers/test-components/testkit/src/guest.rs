@@ -137,6 +137,7 @@ fn run(mode: &str) -> Result<String, ProviderError> {
         "deny-big" => hostile::deny_big(),
         "read-loop" => hostile::read_loop(),
         "alias-send" => hostile::aliased_headers(),
+        "http-loop" => hostile::http_loop(),
         "big-error" => hostile::big_error(),
         "state-fill" => hostile::state_fill(),
         other => Err(ProviderError::Config(format!(
@@ -182,7 +183,8 @@ fn trap() -> ! {
     panic!("{}", cfg_or("message", "testkit trap"));
 }
 
-fn send_http() -> Result<String, ProviderError> {
+/// The `http` mode's request, from config `url`, `method`, `headers`, `body`, `timeout_ms`.
+fn http_request() -> Result<http::Request, ProviderError> {
     let url = cfg("url").ok_or_else(|| ProviderError::Config("config `url` is missing".into()))?;
     let method = match cfg_or("method", "GET").to_ascii_uppercase().as_str() {
         "GET" => http::Method::Get,
@@ -200,13 +202,17 @@ fn send_http() -> Result<String, ProviderError> {
         let (name, value) = pair.split_once(':').unwrap_or((pair, ""));
         headers.push((name.trim().to_string(), value.trim().to_string()));
     }
-    let request = http::Request {
+    Ok(http::Request {
         method,
         url,
         headers,
         body: cfg("body").unwrap_or_default().into_bytes(),
         timeout_ms,
-    };
+    })
+}
+
+fn send_http() -> Result<String, ProviderError> {
+    let request = http_request()?;
     match http::send(&request) {
         Ok(response) => Ok(format!(
             "{} {}",
@@ -455,6 +461,20 @@ mod hostile {
                 fabric_device_id: next(),
             })
             .collect()
+    }
+
+    /// Sends the `http` mode's request `count` times (default 1,000,000), with a body of
+    /// `size` bytes when that is set, whatever the answers.
+    pub fn http_loop() -> Result<String, ProviderError> {
+        let mut request = http_request()?;
+        if let Some(n) = cfg("size").and_then(|n| n.parse::<usize>().ok()) {
+            request.body = vec![b'x'; n];
+        }
+        let n = count(1_000_000);
+        for _ in 0..n {
+            let _ = http::send(&request);
+        }
+        Ok(format!("sent {n}"))
     }
 
     /// Fails with a `size`-byte message (48 MiB by default).

@@ -19,6 +19,7 @@ use self::egress::HttpEgress;
 use self::grant::HttpGrant;
 use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
 use crate::base::{FieldError, until_deadline};
+use crate::budget::{Budget, BudgetCounters, BudgetExceeded};
 use crate::gate::{CapabilityKind, Gate, UseOutcome};
 
 /// The capability, as `crate::caps` registers it.
@@ -40,6 +41,9 @@ impl Capability for HttpCap {
         Ok(Http {
             egress,
             gate: load.gate.clone(),
+            requests_per_call: load.limits.http_requests_per_call,
+            bytes_sent_per_call: load.limits.http_bytes_sent_per_call,
+            budgets: load.budgets.clone(),
         })
     }
 
@@ -66,21 +70,60 @@ impl Capability for HttpCap {
     }
 }
 
-/// The provider's side: its client and its gate.
+/// The provider's side: its client, its gate and its per-call budgets.
 pub(crate) struct Http {
     pub(crate) egress: egress::HttpEgress,
     pub(crate) gate: Arc<Gate>,
+    requests_per_call: u32,
+    bytes_sent_per_call: u64,
+    budgets: Arc<BudgetCounters>,
 }
 
-/// One call's side.
+/// One call's side: its deadline and what it has sent so far.
 pub(crate) struct HttpCall {
     shared: Arc<Http>,
     deadline: Instant,
+    requests: u32,
+    bytes_sent: u64,
 }
 
 impl HttpCall {
     pub(crate) fn new(shared: Arc<Http>, deadline: Instant) -> HttpCall {
-        HttpCall { shared, deadline }
+        HttpCall {
+            shared,
+            deadline,
+            requests: 0,
+            bytes_sent: 0,
+        }
+    }
+
+    /// Counts `request` against the call's budgets before anything is sent; over one,
+    /// the call stops (a trap carrying [`BudgetExceeded`]).
+    fn spend(&mut self, request: &wit::Request) -> wasmtime::Result<()> {
+        let shared = &self.shared;
+        let size = request.url.len()
+            + request
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+            + request.body.len();
+        self.requests = self.requests.saturating_add(1);
+        self.bytes_sent = self.bytes_sent.saturating_add(size as u64);
+        let over = if self.requests > shared.requests_per_call {
+            Some((Budget::HttpRequests, u64::from(shared.requests_per_call)))
+        } else if self.bytes_sent > shared.bytes_sent_per_call {
+            Some((Budget::HttpBytesSent, shared.bytes_sent_per_call))
+        } else {
+            None
+        };
+        match over {
+            Some((budget, limit)) => {
+                shared.budgets.hit(budget);
+                Err(wasmtime::Error::new(BudgetExceeded { budget, limit }))
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -89,6 +132,7 @@ impl wit::Host for HttpCall {
         &mut self,
         request: wit::Request,
     ) -> wasmtime::Result<Result<wit::Response, wit::HttpError>> {
+        self.spend(&request)?;
         let shared = self.shared.clone();
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let started = shared.gate.start();
