@@ -187,3 +187,273 @@ pub struct ProviderInfo {
     pub capabilities: WantedCapabilities,
     pub config: Vec<ConfigKey>,
 }
+
+/// Which identifier of a provider's reply an [`InvalidId`] is about (the WIT field names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdField {
+    DeviceId,
+    FabricDeviceId,
+    MachineId,
+    /// The node a listed device is attached to.
+    Node,
+}
+
+impl IdField {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdField::DeviceId => "device-id",
+            IdField::FabricDeviceId => "fabric-device-id",
+            IdField::MachineId => "machine-id",
+            IdField::Node => "node",
+        }
+    }
+}
+
+impl std::fmt::Display for IdField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Characters of an id quoted in an [`InvalidId`]'s message.
+const QUOTED_ID_CHARS: usize = 128;
+
+/// An id a provider returned that is no identifier: it holds a character that can break
+/// a log line apart, repaint a terminal, or make the text read otherwise than it is
+/// ([`forbidden_in_id`]). Ids are stored in `status`, compared, sent back to the
+/// provider and written into the operator's log lines, so they cannot be escaped like
+/// prose (that would change them): they are refused at the runtime boundary instead.
+/// The message shows the id escaped (`{:?}`) and at most 128 characters of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the provider's {field} {} is not an identifier: it holds {offending:?} (U+{:04X})",
+    quote_id(id),
+    u32::from(*offending)
+)]
+pub struct InvalidId {
+    pub field: IdField,
+    pub id: String,
+    /// The first character refused.
+    pub offending: char,
+}
+
+/// A refused id reaches the operator as what it is, a malformed reply, whose handling
+/// (the error in `status`, an Event, a retry) exists already.
+impl From<InvalidId> for ProviderError {
+    fn from(e: InvalidId) -> ProviderError {
+        ProviderError::MalformedReply(e.to_string())
+    }
+}
+
+/// `id` for a message: escaped by `Debug` (control, bidi and format characters become
+/// `\n`, `\u{1b}`, `\u{202e}`, ...) and clipped.
+fn quote_id(id: &str) -> String {
+    let mut chars = id.chars();
+    let kept: String = chars.by_ref().take(QUOTED_ID_CHARS).collect();
+    let rest = chars.count();
+    if rest == 0 {
+        format!("{kept:?}")
+    } else {
+        format!("{kept:?}… [{rest} more characters]")
+    }
+}
+
+/// Characters no id may hold: every character the host escapes in a log line
+/// (`base::needs_escape`: control characters — a `\n` starts a forged log line, an ESC
+/// sequence repaints a terminal —, the line and paragraph separators, the bidi controls
+/// — U+202E makes `gpu-1\u{202E}0-upg` display as another id — and the zero-width and
+/// other invisible format characters, with which two ids that print the same differ),
+/// and the rest of Unicode's invisible format characters (general category Cf) that
+/// the log escaping does not list. An id is refused rather than escaped, since escaping
+/// would change it.
+pub fn forbidden_in_id(c: char) -> bool {
+    crate::base::needs_escape(c)
+        || matches!(
+            c,
+            '\u{206A}'..='\u{206F}' // deprecated format characters (symmetric swapping, shaping)
+                | '\u{FFF9}'..='\u{FFFB}' // interlinear annotation
+                | '\u{E0000}'..='\u{E007F}' // tags: invisible copies of ASCII
+        )
+}
+
+/// `id` as the provider's `field`, if it is an identifier ([`forbidden_in_id`]).
+pub fn check_id(field: IdField, id: &str) -> Result<(), InvalidId> {
+    match id.chars().find(|c| forbidden_in_id(*c)) {
+        None => Ok(()),
+        Some(offending) => Err(InvalidId {
+            field,
+            id: id.to_string(),
+            offending,
+        }),
+    }
+}
+
+impl AttachedDevice {
+    /// Every id of an attached device is an identifier.
+    pub fn check_ids(&self) -> Result<(), InvalidId> {
+        check_id(IdField::DeviceId, &self.device_id)?;
+        check_id(IdField::FabricDeviceId, &self.fabric_device_id)?;
+        match &self.machine_id {
+            Some(m) => check_id(IdField::MachineId, m),
+            None => Ok(()),
+        }
+    }
+}
+
+impl AddOutcome {
+    /// The ids of an attached device are identifiers (an in-progress note is prose,
+    /// escaped elsewhere).
+    pub fn check_ids(&self) -> Result<(), InvalidId> {
+        match self {
+            AddOutcome::Attached(d) => d.check_ids(),
+            AddOutcome::InProgress(_) => Ok(()),
+        }
+    }
+}
+
+impl DeviceInfo {
+    /// Every id of a listed device, and the node it is on, is an identifier.
+    pub fn check_ids(&self) -> Result<(), InvalidId> {
+        check_id(IdField::Node, &self.node)?;
+        check_id(IdField::MachineId, &self.machine_id)?;
+        check_id(IdField::DeviceId, &self.device_id)?;
+        check_id(IdField::FabricDeviceId, &self.fabric_device_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attached(device_id: &str, fabric_device_id: &str, machine_id: Option<&str>) -> AddOutcome {
+        AddOutcome::Attached(AttachedDevice {
+            device_id: device_id.into(),
+            fabric_device_id: fabric_device_id.into(),
+            machine_id: machine_id.map(Into::into),
+        })
+    }
+
+    fn listed(node: &str, machine_id: &str, device_id: &str) -> DeviceInfo {
+        DeviceInfo {
+            node: node.into(),
+            machine_id: machine_id.into(),
+            device_type: DeviceType::Gpu,
+            model: "NVIDIA-A100-PCIE-40GB".into(),
+            device_id: device_id.into(),
+            fabric_device_id: "fab-0".into(),
+        }
+    }
+
+    #[test]
+    fn ordinary_ids_pass() {
+        for id in [
+            "GPU-8d2c7a1e-4b1f-4f5e-9f3a-0c1d2e3f4a5b",
+            "0000:3b:00.0",
+            "machine/rack-2 slot 7",
+            "ＧＰＵ-〇一",
+            "gpu_é",
+            "",
+        ] {
+            assert_eq!(check_id(IdField::DeviceId, id), Ok(()), "{id:?}");
+        }
+        assert_eq!(attached("GPU-1", "fab-1", Some("m-1")).check_ids(), Ok(()));
+        assert_eq!(AddOutcome::InProgress("wait\n".into()).check_ids(), Ok(()));
+        assert_eq!(listed("worker-0", "m-1", "GPU-1").check_ids(), Ok(()));
+    }
+
+    #[test]
+    fn a_newline_and_an_escape_sequence_are_refused() {
+        let id = "GPU-1\n2026-12-01T00:00:00Z INFO forged line \u{1b}[2J\u{1b}[31m";
+        let err = attached(id, "fab-1", None).check_ids().unwrap_err();
+        assert_eq!(err.field, IdField::DeviceId);
+        assert_eq!(err.offending, '\n');
+        let shown = err.to_string();
+        assert!(!shown.contains(['\n', '\u{1b}']), "{shown:?}");
+        assert!(
+            shown.contains(r#""GPU-1\n2026-12-01T00:00:00Z INFO forged line \u{1b}[2J\u{1b}[31m""#),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("device-id") && shown.contains("U+000A"),
+            "{shown}"
+        );
+        // Every id of both replies, each named.
+        let err = attached("GPU-1", "fab\r1", None).check_ids().unwrap_err();
+        assert_eq!(err.field, IdField::FabricDeviceId);
+        let err = attached("GPU-1", "fab-1", Some("m\u{7f}"))
+            .check_ids()
+            .unwrap_err();
+        assert_eq!(err.field, IdField::MachineId);
+        let err = listed("worker-0\n", "m-1", "GPU-1")
+            .check_ids()
+            .unwrap_err();
+        assert_eq!(err.field, IdField::Node);
+        let err = listed("worker-0", "m\u{1b}1", "GPU-1")
+            .check_ids()
+            .unwrap_err();
+        assert_eq!(err.field, IdField::MachineId);
+        let err = listed("worker-0", "m-1", "GPU\u{0}1")
+            .check_ids()
+            .unwrap_err();
+        assert_eq!(err.field, IdField::DeviceId);
+    }
+
+    #[test]
+    fn a_bidi_override_is_refused() {
+        // Shown as "GPU-1evil": what is read is not what is stored.
+        let err = check_id(IdField::DeviceId, "GPU-1\u{202E}live").unwrap_err();
+        assert_eq!(err.offending, '\u{202E}');
+        assert!(err.to_string().contains(r"GPU-1\u{202e}live"), "{err}");
+        assert!(!err.to_string().contains('\u{202E}'), "{err}");
+        for c in [
+            '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{2066}', '\u{2067}', '\u{2068}',
+            '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+        ] {
+            let id = format!("fab{c}1");
+            let err = check_id(IdField::FabricDeviceId, &id).unwrap_err();
+            assert_eq!(err.offending, c);
+            assert!(
+                !err.to_string().contains(c),
+                "U+{:04X}: {err}",
+                u32::from(c)
+            );
+        }
+    }
+
+    #[test]
+    fn a_zero_width_character_is_refused() {
+        // Prints exactly like "GPU-1" and is another id.
+        let err = check_id(IdField::MachineId, "GPU\u{200B}-1").unwrap_err();
+        assert_eq!((err.field, err.offending), (IdField::MachineId, '\u{200B}'));
+        assert!(err.to_string().contains(r"GPU\u{200b}-1"), "{err}");
+        for c in [
+            '\u{200C}',
+            '\u{200D}',
+            '\u{2060}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{E0041}',
+            '\u{2028}',
+        ] {
+            let id = format!("m{c}1");
+            let err = check_id(IdField::MachineId, &id).unwrap_err();
+            assert!(
+                !err.to_string().contains(c),
+                "U+{:04X}: {err}",
+                u32::from(c)
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_id_is_a_malformed_reply_quoting_a_bounded_id() {
+        let long = format!("{}\n", "x".repeat(100_000));
+        let err = check_id(IdField::DeviceId, &long).unwrap_err();
+        let ProviderError::MalformedReply(m) = ProviderError::from(err) else {
+            panic!("not a malformed reply")
+        };
+        assert!(m.len() < 400, "{} bytes", m.len());
+        assert!(m.contains("[99873 more characters]"), "{m}");
+        assert!(!m.contains('\n'));
+    }
+}

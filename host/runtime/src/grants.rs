@@ -253,6 +253,8 @@ mod tests {
                 true,
             ),
             ("https://*.example.com", "https://a.example.com/", true),
+            // A registrable domain under a public suffix may be wildcarded.
+            ("https://*.fabric.co.uk", "https://api.fabric.co.uk/", true),
             ("https://*.example.com", "https://a.b.example.com/", true),
             ("https://*.example.com", "https://example.com/", false),
             ("https://*.example.com", "https://evilexample.com/", false),
@@ -289,6 +291,10 @@ mod tests {
             ("https://*.com", "two labels"),
             ("https://a.*.example.com", "wildcard is only allowed"),
             ("https://*.10.0.0.1", "wildcard needs a domain"),
+            ("https://*.co.uk", "`co.uk` is a public suffix"),
+            ("https://*.CO.UK", "is a public suffix"),
+            ("https://*.github.io", "`github.io` is a public suffix"),
+            ("https://*.com.au", "is a public suffix"),
             ("https://", "empty host"),
             ("https://fabric.example:99999", "invalid port"),
         ];

@@ -20,7 +20,7 @@ use crate::call::{CallCtx, ProviderCaps};
 use crate::caps::wasi::capture::TailCapture;
 use crate::domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, FabricError,
-    ProviderError, ProviderInfo, RemoveOutcome,
+    InvalidId, ProviderError, ProviderInfo, RemoveOutcome,
 };
 use crate::engine::EngineShared;
 use crate::gate::{CallStats, DenialCounts};
@@ -238,7 +238,12 @@ impl Provider {
             .await?;
         let t = self.text();
         match reply {
-            Ok(outcome) => Ok(t.add_outcome(outcome)),
+            Ok(outcome) => {
+                // Ids are identifiers: one that could forge or disguise a log line is
+                // refused whole, since escaping it would change it (`forbidden_in_id`).
+                outcome.check_ids().map_err(|e| self.refused_id(e))?;
+                Ok(t.add_outcome(outcome))
+            }
             Err(e) => Err(t.error(e).into()),
         }
     }
@@ -283,9 +288,28 @@ impl Provider {
             .await?;
         let t = self.text();
         match reply {
-            Ok(devices) => Ok(devices.into_iter().map(|d| t.device(d)).collect()),
+            Ok(devices) => {
+                // One forged id refuses the whole listing: the provider is broken or
+                // hostile, and a partial listing would read as devices gone.
+                devices
+                    .iter()
+                    .try_for_each(DeviceInfo::check_ids)
+                    .map_err(|e| self.refused_id(e))?;
+                Ok(devices.into_iter().map(|d| t.device(d)).collect())
+            }
             Err(e) => Err(t.error(e).into()),
         }
+    }
+
+    /// A reply's id that is not an identifier: logged (its text is escaped) and returned
+    /// as the malformed reply it is.
+    fn refused_id(&self, e: InvalidId) -> CallError {
+        tracing::warn!(
+            provider = %self.inner.spec.name,
+            error = %e,
+            "provider returned an id that is not an identifier"
+        );
+        CallError::Provider(ProviderError::from(e))
     }
 
     async fn call<R>(&self, invoke: Invoke<R>) -> Result<R, CallError> {
@@ -476,7 +500,8 @@ impl Clipper<'_> {
     /// Provider prose (error and progress messages): control characters escaped, then
     /// clipped. It ends up in the operator's log lines and `status.error`, where a guest's
     /// `\n` must not start a forged line of its own. Ids are clipped only ([`Self::s`]):
-    /// escaping would change them.
+    /// escaping would change them; one holding a character this would escape was
+    /// refused before (`check_ids`).
     fn prose(&self, text: String) -> String {
         if !text.chars().any(needs_escape) {
             return self.s(text);

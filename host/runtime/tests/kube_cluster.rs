@@ -153,7 +153,8 @@ async fn kube_cluster_reads_a_real_api_server() {
     let Ok(AddOutcome::Attached(d)) = provider.add(&AddRequest::new(gpu("a"))).await else {
         panic!()
     };
-    assert_eq!(d.device_id.lines().count(), 2);
+    let nodes: Vec<serde_json::Value> = serde_json::from_str(&d.device_id).unwrap();
+    assert_eq!(nodes.len(), 2);
 
     let mut secret = spec("secret", &[("key", "password")]);
     secret.grants.secret = Some(SecretGrant {

@@ -413,3 +413,37 @@ async fn provider_text_cannot_forge_a_line_in_the_operators_logs() {
         "{shown}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_could_forge_or_disguise_a_log_line_are_refused() {
+    // The testkit's `config` mode answers `attached` with the configured value as the
+    // device id (followed by `|<number of config entries>`).
+    let attach = |id: &str| {
+        let spec = tight(spec("config", &[("key", "id"), ("id", id)]));
+        async move { load(&spec).await.add(&AddRequest::new(gpu("a"))).await }
+    };
+    for (id, shown) in [
+        (
+            "gpu-1\n2026-12-01T00:00:00Z INFO forged line \u{1b}[2J",
+            r"gpu-1\n2026-12-01T00:00:00Z INFO forged line \u{1b}[2J",
+        ),
+        ("gpu-1\u{202E}live", r"gpu-1\u{202e}live"),
+        ("gpu\u{200B}-1", r"gpu\u{200b}-1"),
+    ] {
+        let out = attach(id).await;
+        let Err(CallError::Provider(ProviderError::MalformedReply(m))) = &out else {
+            panic!("{id:?}: {out:?}")
+        };
+        assert!(m.contains("device-id") && m.contains(shown), "{m}");
+        assert!(
+            !m.contains(['\n', '\u{1b}', '\u{202E}', '\u{200B}']),
+            "a raw character reached the host's text: {m:?}"
+        );
+    }
+    // An ordinary id comes through unchanged.
+    let out = attach("GPU-8d2c7a1e").await.unwrap();
+    let AddOutcome::Attached(device) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(device.device_id, "GPU-8d2c7a1e|3");
+}

@@ -161,12 +161,12 @@ pub(crate) async fn sync_once(
         );
         if awaiting.contains(&key) {
             // An attach whose reply was lost may adopt it (resource/adopt.rs).
-            tracing::info!(device = %device.device_id, node = %device.node,
+            tracing::info!(device = ?device.device_id, node = ?device.node,
                 "unclaimed device left for an attach that may adopt it");
             continue;
         }
         if device.node.is_empty() {
-            tracing::warn!(device = %device.device_id, machine = %device.machine_id,
+            tracing::warn!(device = ?device.device_id, machine = ?device.machine_id,
                 "orphaned device on a machine without a node: cannot release it");
             tracker.keep(device, Instant::now());
             continue;
@@ -183,7 +183,7 @@ pub(crate) async fn sync_once(
         }
         released += 1;
         ctx.metrics.orphan_released();
-        tracing::warn!(device = %device.device_id, node = %device.node,
+        tracing::warn!(device = ?device.device_id, node = ?device.node,
             resource = obj.metadata.name.as_deref().unwrap_or("?"), "releasing a device no ComposableResource holds");
     }
     // Tracked devices, and those that were due but could not be released.

@@ -225,7 +225,7 @@ impl GpuOps {
                 Ok(state) if out.exit_code == 0 => state,
                 parsed => {
                     tracing::warn!(node = %driver.pod.node, gpu = uuid, code = out.exit_code,
-                        output = %first_words(&out.stdout), error = ?parsed.err(),
+                        output = ?first_words(&out.stdout), error = ?parsed.err(),
                         "unrecognised drain state; going on as not draining");
                     DrainState::NotDraining
                 }
@@ -285,7 +285,7 @@ impl GpuOps {
             }
             // As in the Go operator: the fabric's detach takes the GPU away anyway.
             tracing::warn!(node = %driver.pod.node, gpu = gpu.uuid.as_str(), code = out.exit_code,
-                stderr = %first_words(&out.stderr), "GPU reset failed; detaching anyway");
+                stderr = ?first_words(&out.stderr), "GPU reset failed; detaching anyway");
         }
         Ok(())
     }

@@ -253,8 +253,10 @@ fn lookup_error(e: lookup::LookupError) -> ProviderError {
 fn do_lookup() -> Result<String, ProviderError> {
     match cfg_or("what", "node").as_str() {
         "node" => lookup::get_node(&cfg_or("name", "")).map_err(lookup_error),
+        // One JSON array, on one line: the result comes back as a device id, and the
+        // host refuses an id holding a newline.
         "nodes" => lookup::list_nodes()
-            .map(|nodes| nodes.join("\n"))
+            .map(|nodes| format!("[{}]", nodes.join(",")))
             .map_err(lookup_error),
         "object" => lookup::get_object(
             &cfg_or("api_version", "v1"),

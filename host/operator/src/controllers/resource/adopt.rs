@@ -223,7 +223,7 @@ pub(crate) async fn add(
         let claimed = claimed_ids(held.iter().map(AsRef::as_ref));
         if let Some(device) = pick(&devices, &claimed, &to_domain(res)) {
             tracing::warn!(resource = %name, node = %res.spec.target_node,
-                device = %device.device_id,
+                device = ?device.device_id,
                 "adopting the device an attach with a lost reply left on the node");
             ctx.metrics.attach_adopted();
             write(&api, res, Record::Keep, note).await?;

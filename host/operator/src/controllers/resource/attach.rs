@@ -119,8 +119,8 @@ async fn fabric_attach(
     let fabric = fabric.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
     // One write drops the attempt record and notes the fabric's machine.
     adopt::settled(&api, res, fabric).await;
-    tracing::info!(node = %node, device = %device.device_id,
-        fabric_device = %device.fabric_device_id, "attached by the fabric");
+    tracing::info!(node = %node, device = ?device.device_id,
+        fabric_device = ?device.fabric_device_id, "attached by the fabric");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,

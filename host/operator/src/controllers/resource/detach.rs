@@ -137,7 +137,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
         NodeSteps::Unreachable => return let_go(res, ctx).await,
         NodeSteps::All => {}
         other => {
-            tracing::info!(node = %node, device = %uuid, steps = ?other, "detaching with fewer node steps")
+            tracing::info!(node = %node, device = ?uuid, steps = ?other, "detaching with fewer node steps")
         }
     }
     let driver = drain_driver(ctx, &res, steps).await?;
@@ -148,7 +148,7 @@ async fn detaching(res: ComposableResource, ctx: &Context) -> Outcome {
     if let Some(other) = holder_elsewhere(ctx, &res, &uuid).await? {
         // This detach finished before a crash kept it from being recorded, and the
         // fabric has since given the device to another resource: nothing is left to do.
-        tracing::warn!(device = %uuid, holder = %other,
+        tracing::warn!(device = ?uuid, holder = %other,
             "device already detached and now held by another resource");
         drop(guard);
         return finish(res, ctx, &uuid, steps).await;
@@ -264,14 +264,14 @@ async fn still_on_node(
             exposure::rescan(ctx, driver, &name, false).await?;
         }
         if still_seen {
-            tracing::debug!(gpu = %uuid, "GPU still visible after the detach");
+            tracing::debug!(gpu = ?uuid, "GPU still visible after the detach");
             return Ok(true);
         }
     }
     if steps == NodeSteps::NoCommands && res.spec.resource_type == ResourceType::Gpu {
         exposure::rescan_after_detach(ctx, &res.spec.target_node, &name).await?;
         if exposure::still_published(ctx, uuid).await? {
-            tracing::debug!(gpu = %uuid, "GPU still published after the detach");
+            tracing::debug!(gpu = ?uuid, "GPU still published after the detach");
             return Ok(true);
         }
     }
@@ -296,7 +296,7 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
     )
     .await?;
     ctx.forget_rescan(&name);
-    tracing::info!(node = %node, device = %uuid, "detached");
+    tracing::info!(node = %node, device = ?uuid, "detached");
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,

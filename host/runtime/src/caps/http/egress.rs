@@ -100,27 +100,21 @@ impl HttpEgress {
         })
     }
 
-    /// Sends `request` if the gate allows it. `Err` means the call's deadline passed while
-    /// waiting: the call is over.
-    pub(crate) async fn send(
-        &self,
-        gate: &Gate,
-        request: Request,
-        remaining: Duration,
-    ) -> Result<Result<Response, HttpError>, DeadlineExceeded> {
+    /// Whether the gate allows `request`: its URL parsed, when it does. Nothing is sent.
+    pub(crate) fn check(&self, gate: &Gate, request: &Request) -> Result<Url, HttpError> {
         let url = match Url::parse(&request.url) {
             Ok(url) if matches!(url.scheme(), "http" | "https") => url,
             Ok(url) => {
-                return Ok(Err(HttpError::InvalidRequest(format!(
+                return Err(HttpError::InvalidRequest(format!(
                     "`{}`: only http and https URLs",
                     quote(url.scheme())
-                ))));
+                )));
             }
             Err(e) => {
-                return Ok(Err(HttpError::InvalidRequest(format!(
+                return Err(HttpError::InvalidRequest(format!(
                     "`{}`: {e}",
                     quote(&request.url)
-                ))));
+                )));
             }
         };
         let to = RequestTo {
@@ -128,13 +122,24 @@ impl HttpEgress {
             url: &url,
         };
         if let Err(denial) = gate.check(&to) {
-            return Ok(Err(HttpError::Denied(denial.0)));
+            return Err(HttpError::Denied(denial.0));
         }
         for (name, _) in &request.headers {
             if let Err(denial) = gate.check(&Header(name)) {
-                return Ok(Err(HttpError::Denied(denial.0)));
+                return Err(HttpError::Denied(denial.0));
             }
         }
+        Ok(url)
+    }
+
+    /// Sends `request` to `url`, which [`HttpEgress::check`] allowed. `Err` means the
+    /// call's deadline passed while waiting: the call is over.
+    pub(crate) async fn send_checked(
+        &self,
+        url: Url,
+        request: Request,
+        remaining: Duration,
+    ) -> Result<Result<Response, HttpError>, DeadlineExceeded> {
         let wanted = request
             .timeout_ms
             .map(|ms| Duration::from_millis(u64::from(ms)));

@@ -169,6 +169,12 @@ impl FromStr for HttpTarget {
                 "`{text}`: `*.` needs at least two labels after it (e.g. `*.example.com`)"
             ));
         }
+        if wildcard && is_public_suffix(&host) {
+            return Err(format!(
+                "`{text}`: `{host}` is a public suffix, under which anyone can register a \
+                 name: grant the fabric's own domain (e.g. `*.fabric.{host}`) instead"
+            ));
+        }
         Ok(HttpTarget {
             scheme,
             host: if wildcard {
@@ -179,6 +185,13 @@ impl FromStr for HttpTarget {
             port: url.port().unwrap_or(scheme.default_port()),
         })
     }
+}
+
+/// Whether `host` is itself a suffix of the Public Suffix List (`co.uk`, `github.io`):
+/// a wildcard on it would grant names anyone can register.
+fn is_public_suffix(host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    psl::suffix(host.as_bytes()).is_some_and(|s| s.is_known() && s.as_bytes() == host.as_bytes())
 }
 
 /// One HTTP endpoint a provider may call.

@@ -132,16 +132,22 @@ impl wit::Host for HttpCall {
         &mut self,
         request: wit::Request,
     ) -> wasmtime::Result<Result<wit::Response, wit::HttpError>> {
-        self.spend(&request)?;
         let shared = self.shared.clone();
+        // Only a request the gate allows is counted: a denied one sends nothing.
+        let checked = shared.egress.check(&shared.gate, &request);
+        if checked.is_ok() {
+            self.spend(&request)?;
+        }
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let started = shared.gate.start();
         // Only kept when observed: the URL is moved into the request.
         let target = started.map(|_| format!("{} {}", method_name(request.method), request.url));
-        let sent = until_deadline(
-            self.deadline,
-            shared.egress.send(&shared.gate, request, remaining),
-        )
+        let sent = until_deadline(self.deadline, async {
+            match checked {
+                Ok(url) => shared.egress.send_checked(url, request, remaining).await,
+                Err(e) => Ok(Err(e)),
+            }
+        })
         .await;
         shared.gate.used(started, || {
             let outcome = match &sent {
