@@ -283,6 +283,18 @@ impl SpecArgs {
                 }))
                 .with_context(|| format!("--node {node}"))?;
         }
+        if let (Some(grant), true, None) =
+            (&spec.grants.secret, self.secrets.is_empty(), &self.objects)
+        {
+            // Granted but given no value: the provider would only see it missing.
+            eprintln!(
+                "note: the spec grants Secret {}/{} but no --secret gives it a value: the \
+                 provider will find it missing (pass --secret KEY=VALUE for each of its keys: {})",
+                grant.namespace,
+                grant.name,
+                grant.keys.join(", ")
+            );
+        }
         if !self.secrets.is_empty() {
             let Some(grant) = &spec.grants.secret else {
                 bail!("--secret needs a secret grant (--grant secret=NAMESPACE/NAME:KEYS)");
@@ -421,7 +433,8 @@ pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
         Err(e) => format!("error: {e}"),
     };
     let trace = recorder.take_call(op, text);
-    print_call(args, op, &outcome, &trace)?;
+    let report = CapabilityReport::new(provider.info(), &spec);
+    print_call(args, op, &outcome, &trace, &report)?;
     Ok(if outcome.is_ok() {
         ExitCode::SUCCESS
     } else {
@@ -521,13 +534,17 @@ fn print_call(
     op: &str,
     outcome: &Result<Value, CallError>,
     trace: &cro_conformance::CallTrace,
+    report: &CapabilityReport,
 ) -> anyhow::Result<()> {
     if args.json {
+        // The capability report (wanted but not granted, granted but never wanted) beside
+        // the trace, so a script sees both.
         let v = json!({
             "operation": op,
             "ok": outcome.as_ref().ok(),
             "error": outcome.as_ref().err().map(|e| json!({"kind": error_kind(e), "message": e.to_string()})),
             "trace": trace,
+            "capability_report": report,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

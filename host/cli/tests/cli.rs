@@ -262,6 +262,14 @@ fn provider_call_prints_the_outcome_and_the_capability_trace() {
         "--target-node",
         "worker-0",
     ];
+    // The Secret granted but given no value: the command says which flag gives it one.
+    let (_, stdout, stderr) = cro_str(&args);
+    assert!(
+        stderr.contains("grants Secret ns/creds but no --secret gives it a value")
+            && stderr.contains("--secret KEY=VALUE")
+            && stderr.contains("username, password, client_id, client_secret, realm"),
+        "{stdout}{stderr}"
+    );
     for s in &secrets {
         args.extend(["--secret", s.as_str()]);
     }
@@ -314,6 +322,14 @@ fn provider_call_prints_the_outcome_and_the_capability_trace() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["ok"], "healthy");
     assert_eq!(v["operation"], "check-resource");
+    // The capability report rides along: every capability FTI wants is granted here.
+    let report = &v["capability_report"];
+    assert_eq!(report["declared"], true, "{v}");
+    assert_eq!(
+        report["wanted_not_granted"],
+        serde_json::json!([]),
+        "{report}"
+    );
     let uses = v["trace"]["uses"].as_array().unwrap();
     assert!(
         uses.iter()
