@@ -604,6 +604,15 @@ pub fn render_call(
     if trace.uses_dropped > 0 {
         let _ = writeln!(out, "  ... and {} more not recorded", trace.uses_dropped);
     }
+    if !trace.logs.is_empty() || trace.logs_dropped > 0 {
+        let _ = writeln!(out, "provider log ({} lines):", trace.logs.len());
+        for l in &trace.logs {
+            let _ = writeln!(out, "  {} {}", l.level, l.message);
+        }
+        if trace.logs_dropped > 0 {
+            let _ = writeln!(out, "  ... and {} more not recorded", trace.logs_dropped);
+        }
+    }
     let _ = writeln!(
         out,
         "cost: {:.1} ms, peak memory {:.1} MiB",
@@ -696,6 +705,8 @@ mod tests {
             peak_memory_bytes: 1 << 20,
             uses: Vec::new(),
             uses_dropped: 0,
+            logs: Vec::new(),
+            logs_dropped: 0,
         };
         let value =
             serde_json::json!({"devices": [{"id": "GPU-1\u{202e}fdp.exe", "note": "a\u{200b}b"}]});

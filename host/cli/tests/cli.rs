@@ -338,6 +338,46 @@ fn provider_call_prints_the_outcome_and_the_capability_trace() {
     );
 }
 
+/// What the provider logged during the call is in the trace, quoted and escaped, in
+/// the text and the JSON output.
+#[test]
+fn provider_call_shows_what_the_provider_logged() {
+    let testkit = cro_test_support::component("cro-testkit");
+    let testkit = testkit.to_str().unwrap();
+    let mut args = vec![
+        "provider",
+        "call",
+        testkit,
+        "add",
+        "--config",
+        "mode=log",
+        "--config",
+        "message=attaching \u{1b}[31mgpu-1",
+        "--name",
+        "gpu-1",
+        "--model",
+        "A100",
+    ];
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("provider log (5 lines):"), "{stdout}");
+    for level in ["trace", "debug", "info", "warn", "error"] {
+        assert!(
+            stdout.contains(&format!("  {level} \"attaching \\u{{1b}}[31mgpu-1\"")),
+            "{stdout}"
+        );
+    }
+    assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
+
+    args.push("--json");
+    let (ok, stdout, stderr) = cro_str(&args);
+    assert!(ok, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let logs = v["trace"]["logs"].as_array().unwrap();
+    assert_eq!(logs.len(), 5, "{v}");
+    assert_eq!(logs[2]["level"], "info");
+}
+
 #[test]
 fn provider_test_reports_and_exits_by_the_result() {
     let dir = tempfile::tempdir().unwrap();

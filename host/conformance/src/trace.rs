@@ -26,6 +26,8 @@ pub struct Recorder {
 
 #[derive(Debug, Default)]
 struct Recorded {
+    logs: Vec<LogRecord>,
+    logs_dropped: u64,
     pending: Vec<CapabilityUse>,
     /// Text bytes of `pending`.
     text_bytes: usize,
@@ -45,6 +47,20 @@ pub struct CallTrace {
     /// Uses left out because the recorder was full.
     #[serde(skip_serializing_if = "is_zero")]
     pub uses_dropped: u64,
+    /// What the provider logged during the call, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<LogRecord>,
+    /// Log lines left out because the recorder was full.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub logs_dropped: u64,
+}
+
+/// One line the provider logged.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LogRecord {
+    pub level: &'static str,
+    /// Quoted and escaped as in the host's log line.
+    pub message: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -132,6 +148,8 @@ impl Recorder {
             peak_memory_bytes: calls.iter().map(|c| c.peak_memory_bytes).max().unwrap_or(0),
             uses: uses.iter().map(UseRecord::from_use).collect(),
             uses_dropped: dropped,
+            logs: std::mem::take(&mut r.logs),
+            logs_dropped: std::mem::take(&mut r.logs_dropped),
         }
     }
 }
@@ -157,6 +175,18 @@ impl CapabilityObserver for Recorder {
             r.pending.push(event);
         } else {
             r.dropped += 1;
+        }
+    }
+
+    fn provider_logged(&self, level: &'static str, message: &str) {
+        // The runtime quoted and escaped it; bounded again here like every guest text.
+        let message = escape_line(message, USE_TEXT_BYTES);
+        let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.logs.len() < MAX_USES && r.text_bytes + message.len() <= MAX_TEXT_BYTES {
+            r.text_bytes += message.len();
+            r.logs.push(LogRecord { level, message });
+        } else {
+            r.logs_dropped += 1;
         }
     }
 

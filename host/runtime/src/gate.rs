@@ -123,10 +123,13 @@ pub struct CallStats {
     pub peak_memory_bytes: u64,
 }
 
-/// Told of every capability use and call end of one provider (see the module docs).
-/// Called on the call's task: keep it quick and never block.
+/// Told of every capability use, log line and call end of one provider (see the module
+/// docs). Called on the call's task: keep it quick and never block.
 pub trait CapabilityObserver: Send + Sync + 'static {
     fn capability_used(&self, event: CapabilityUse);
+    /// A line the provider logged within its per-call budget, at `level` (`trace` ..
+    /// `error`), its message quoted, escaped and clipped as in the host's own log line.
+    fn provider_logged(&self, level: &'static str, message: &str);
     fn call_finished(&self, _stats: CallStats) {}
 }
 
@@ -182,6 +185,13 @@ impl Gate {
                 outcome: outcome.bounded(),
                 duration: started.elapsed(),
             });
+        }
+    }
+
+    /// Tells the observer, if any, of a line the provider logged.
+    pub(crate) fn logged(&self, level: &'static str, message: &str) {
+        if let Some(observer) = &self.observer {
+            observer.provider_logged(level, message);
         }
     }
 
@@ -318,6 +328,7 @@ mod tests {
         fn capability_used(&self, event: CapabilityUse) {
             self.0.lock().unwrap().push(event);
         }
+        fn provider_logged(&self, _level: &'static str, _message: &str) {}
         fn call_finished(&self, stats: CallStats) {
             self.1.lock().unwrap().push(stats);
         }
