@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
+use cro_conformance::redact::Redactor;
 use cro_conformance::{FabricKind, FtiApi, LabTarget, Recorder, SuiteOptions, UseRecord};
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
@@ -113,6 +114,11 @@ pub struct CallArgs {
     /// Print the outcome and the trace as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Show each HTTP request's and reply's headers and body in the trace, with
+    /// credentials taken out (credential-named headers and fields, and every `--secret`
+    /// value wherever it appears).
+    #[arg(long)]
+    pub trace_bodies: bool,
 }
 
 #[derive(Debug, Args)]
@@ -264,6 +270,14 @@ impl SpecArgs {
         }
         spec.validate().context("provider spec")?;
         Ok(spec)
+    }
+
+    /// The values given with `--secret` (what `--trace-bodies` takes out).
+    pub fn secret_values(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .filter_map(|s| s.split_once('=').map(|(_, v)| v.to_owned()))
+            .collect()
     }
 
     /// The cluster the provider sees: `--objects`, `--node` and the granted Secret.
@@ -421,7 +435,11 @@ impl CallArgs {
 pub fn call_command(args: &CallArgs) -> anyhow::Result<ExitCode> {
     let spec = args.spec.spec(&args.component, &[])?;
     let rt = tokio()?;
-    let recorder = Arc::new(Recorder::new());
+    let recorder = Arc::new(if args.trace_bodies {
+        Recorder::with_exchanges(Redactor::new(args.spec.secret_values()))
+    } else {
+        Recorder::new()
+    });
     let provider = load_observed(args, &spec, &rt, recorder.clone())?;
     if args.operation == Operation::Describe {
         print_described(args, &spec, &provider)?;
@@ -600,6 +618,9 @@ pub fn render_call(
     let _ = writeln!(out, "trace ({} capability calls):", trace.uses.len());
     for u in &trace.uses {
         let _ = writeln!(out, "  {}", UseRecord::line(u));
+        if let Some(e) = &u.exchange {
+            render_exchange(&mut out, e);
+        }
     }
     if trace.uses_dropped > 0 {
         let _ = writeln!(out, "  ... and {} more not recorded", trace.uses_dropped);
@@ -620,6 +641,21 @@ pub fn render_call(
         trace.peak_memory_bytes as f64 / f64::from(1 << 20)
     );
     out
+}
+
+/// An HTTP exchange under its use: `>` what was sent, `<` what came back.
+fn render_exchange(out: &mut String, e: &cro_conformance::redact::ExchangeRecord) {
+    for (mark, headers, body) in [
+        ('>', &e.request_headers, &e.request_body),
+        ('<', &e.response_headers, &e.response_body),
+    ] {
+        for h in headers {
+            let _ = writeln!(out, "    {mark} {h}");
+        }
+        if !body.is_empty() {
+            let _ = writeln!(out, "    {mark} {body}");
+        }
+    }
 }
 
 /// `cro provider test`.

@@ -316,7 +316,40 @@ fn provider_call_prints_the_outcome_and_the_capability_trace() {
     let resource = resource.to_str().unwrap().to_string();
     let at = args.iter().position(|a| *a == "add").unwrap();
     args[at] = "check";
-    args.extend(["--resource", resource.as_str(), "--json"]);
+    args.extend(["--resource", resource.as_str()]);
+
+    // With the exchanges shown: headers and bodies, every credential taken out.
+    let mut bodies = args.clone();
+    bodies.push("--trace-bodies");
+    let (ok, stdout, stderr) = cro_str(&bodies);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("    > authorization: <redacted>"),
+        "{stdout}"
+    );
+    let token_request = stdout
+        .lines()
+        .find(|l| l.contains("grant_type=password"))
+        .unwrap_or_else(|| panic!("no token request body in\n{stdout}"));
+    for field in ["username", "password", "client_id", "client_secret"] {
+        assert!(
+            token_request.contains(&format!("{field}=<redacted>")),
+            "{token_request}"
+        );
+    }
+    assert!(
+        stdout.contains(r#""access_token":"<redacted>""#),
+        "{stdout}"
+    );
+    assert!(stdout.contains("    < "), "{stdout}");
+    for secret in [&creds.password, &creds.client_secret, &creds.username] {
+        assert!(
+            !stdout.contains(secret.as_str()),
+            "{secret} shown:\n{stdout}"
+        );
+    }
+
+    args.push("--json");
     let (ok, stdout, stderr) = cro_str(&args);
     assert!(ok, "{stdout}{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();

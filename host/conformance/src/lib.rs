@@ -27,6 +27,7 @@ mod faults;
 pub mod fti;
 mod lab;
 pub mod nec;
+pub mod redact;
 pub mod redfish;
 pub mod report;
 mod run;

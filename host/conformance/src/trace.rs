@@ -9,6 +9,8 @@ use cro_runtime::{
 };
 use serde::Serialize;
 
+use crate::redact::{ExchangeRecord, Redactor};
+
 /// Uses kept per recorder; a provider looping on a capability cannot grow it further
 /// (what is left out is counted).
 const MAX_USES: usize = 10_000;
@@ -22,13 +24,15 @@ const USE_TEXT_BYTES: usize = 512;
 #[derive(Debug, Default)]
 pub struct Recorder {
     inner: Mutex<Recorded>,
+    /// Set: HTTP uses carry their headers and bodies, redacted by this.
+    exchanges: Option<Redactor>,
 }
 
 #[derive(Debug, Default)]
 struct Recorded {
     logs: Vec<LogRecord>,
     logs_dropped: u64,
-    pending: Vec<CapabilityUse>,
+    pending: Vec<(CapabilityUse, Option<ExchangeRecord>)>,
     /// Text bytes of `pending`.
     text_bytes: usize,
     calls: Vec<CallStats>,
@@ -81,6 +85,9 @@ pub struct UseRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     pub duration_ms: f64,
+    /// Headers and bodies, redacted (`cro provider call --trace-bodies`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<ExchangeRecord>,
 }
 
 impl UseRecord {
@@ -98,6 +105,7 @@ impl UseRecord {
             bytes,
             detail,
             duration_ms: millis(u.duration),
+            exchange: None,
         }
     }
 
@@ -134,6 +142,15 @@ impl Recorder {
         Recorder::default()
     }
 
+    /// A recorder whose HTTP uses carry their headers and bodies, with credentials taken
+    /// out by `redactor`.
+    pub fn with_exchanges(redactor: Redactor) -> Recorder {
+        Recorder {
+            inner: Mutex::default(),
+            exchanges: Some(redactor),
+        }
+    }
+
     /// Everything recorded since the last take, as one call's trace.
     pub fn take_call(&self, operation: &str, outcome: String) -> CallTrace {
         let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -146,7 +163,13 @@ impl Recorder {
             outcome,
             duration_ms: calls.iter().map(|c| millis(c.duration)).sum(),
             peak_memory_bytes: calls.iter().map(|c| c.peak_memory_bytes).max().unwrap_or(0),
-            uses: uses.iter().map(UseRecord::from_use).collect(),
+            uses: uses
+                .into_iter()
+                .map(|(u, exchange)| UseRecord {
+                    exchange,
+                    ..UseRecord::from_use(&u)
+                })
+                .collect(),
             uses_dropped: dropped,
             logs: std::mem::take(&mut r.logs),
             logs_dropped: std::mem::take(&mut r.logs_dropped),
@@ -169,13 +192,23 @@ impl CapabilityObserver for Recorder {
                 UseOutcome::Failed(why) | UseOutcome::Denied(why) => why.len(),
                 UseOutcome::Allowed { .. } => 0,
             };
+        // Redacted now: the raw exchange (credentials included) is not kept.
+        let exchange = match (event.exchange.take(), &self.exchanges) {
+            (Some(e), Some(redactor)) => Some(redactor.exchange(&e)),
+            _ => None,
+        };
+        let bytes = bytes + exchange.as_ref().map_or(0, ExchangeRecord::text_bytes);
         let mut r = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if r.pending.len() < MAX_USES && r.text_bytes + bytes <= MAX_TEXT_BYTES {
             r.text_bytes += bytes;
-            r.pending.push(event);
+            r.pending.push((event, exchange));
         } else {
             r.dropped += 1;
         }
+    }
+
+    fn wants_http_exchanges(&self) -> bool {
+        self.exchanges.is_some()
     }
 
     fn provider_logged(&self, level: &'static str, message: &str) {
@@ -208,6 +241,7 @@ mod tests {
             target: key.to_owned(),
             outcome: UseOutcome::Denied(format!("key {key} is not granted")),
             duration: Duration::from_micros(3),
+            exchange: None,
         }
     }
 

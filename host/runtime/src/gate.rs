@@ -94,6 +94,45 @@ impl UseOutcome {
 /// looping on 8 MB key names must hold neither those bytes nor their control characters.
 pub const OBSERVED_TEXT_BYTES: usize = 512;
 
+/// Bytes of each HTTP body an observer asking for exchanges is given.
+pub const EXCHANGE_BODY_BYTES: usize = 16 << 10;
+/// Headers of each side of an exchange an observer is given (values clipped like
+/// targets).
+pub const EXCHANGE_HEADERS: usize = 64;
+
+/// What one HTTP use sent and got back, for an observer that asks for it
+/// ([`CapabilityObserver::wants_http_exchanges`]): raw, secrets included, so an observer
+/// that shows it must redact (`cro provider call --trace-bodies` does). Headers at most
+/// [`EXCHANGE_HEADERS`] a side, values clipped; bodies at most [`EXCHANGE_BODY_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HttpExchange {
+    pub request_headers: Vec<(String, String)>,
+    pub request_body: Vec<u8>,
+    pub response_headers: Vec<(String, String)>,
+    pub response_body: Vec<u8>,
+}
+
+impl HttpExchange {
+    /// Headers bounded as an observer gets them.
+    pub(crate) fn headers(headers: &[(String, String)]) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .take(EXCHANGE_HEADERS)
+            .map(|(n, v)| {
+                (
+                    crate::base::clip(n, OBSERVED_TEXT_BYTES).to_owned(),
+                    crate::base::clip(v, OBSERVED_TEXT_BYTES).to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// A body bounded as an observer gets it.
+    pub(crate) fn body(body: &[u8]) -> Vec<u8> {
+        body[..body.len().min(EXCHANGE_BODY_BYTES)].to_vec()
+    }
+}
+
 /// One capability use of a call, as the observer sees it: `target` and any reason are
 /// escaped (no control or invisible format character) and at most
 /// [`OBSERVED_TEXT_BYTES`] of the guest's text.
@@ -106,6 +145,8 @@ pub struct CapabilityUse {
     pub outcome: UseOutcome,
     /// Wall time the host spent on it.
     pub duration: std::time::Duration,
+    /// An HTTP use's headers and bodies, when the observer asked for them.
+    pub exchange: Option<HttpExchange>,
 }
 
 impl CapabilityUse {
@@ -130,6 +171,9 @@ pub trait CapabilityObserver: Send + Sync + 'static {
     /// A line the provider logged within its per-call budget, at `level` (`trace` ..
     /// `error`), its message quoted, escaped and clipped as in the host's own log line.
     fn provider_logged(&self, level: &'static str, message: &str);
+    /// Whether HTTP uses should carry their headers and bodies ([`HttpExchange`]):
+    /// copying them costs, so only an observer that shows them asks.
+    fn wants_http_exchanges(&self) -> bool;
     fn call_finished(&self, _stats: CallStats) {}
 }
 
@@ -177,15 +221,35 @@ impl Gate {
         started: Option<Instant>,
         event: impl FnOnce() -> (CapabilityKind, String, UseOutcome),
     ) {
-        if let (Some(observer), Some(started)) = (&self.observer, started) {
+        self.used_with(started, || {
             let (capability, target, outcome) = event();
+            (capability, target, outcome, None)
+        });
+    }
+
+    /// [`Gate::used`] for an HTTP use that may carry its exchange.
+    pub(crate) fn used_with(
+        &self,
+        started: Option<Instant>,
+        event: impl FnOnce() -> (CapabilityKind, String, UseOutcome, Option<HttpExchange>),
+    ) {
+        if let (Some(observer), Some(started)) = (&self.observer, started) {
+            let (capability, target, outcome, exchange) = event();
             observer.capability_used(CapabilityUse {
                 capability,
                 target: escape_line(&target, OBSERVED_TEXT_BYTES),
                 outcome: outcome.bounded(),
                 duration: started.elapsed(),
+                exchange,
             });
         }
+    }
+
+    /// Whether the observer, if any, wants HTTP exchanges.
+    pub(crate) fn wants_exchanges(&self) -> bool {
+        self.observer
+            .as_ref()
+            .is_some_and(|o| o.wants_http_exchanges())
     }
 
     /// Tells the observer, if any, of a line the provider logged.
@@ -329,6 +393,9 @@ mod tests {
             self.0.lock().unwrap().push(event);
         }
         fn provider_logged(&self, _level: &'static str, _message: &str) {}
+        fn wants_http_exchanges(&self) -> bool {
+            false
+        }
         fn call_finished(&self, stats: CallStats) {
             self.1.lock().unwrap().push(stats);
         }

@@ -109,7 +109,9 @@ pub use domain::{
     FabricError, ProviderError, ProviderInfo, RemoveOutcome,
 };
 pub use engine::{EngineError, RuntimeOptions};
-pub use gate::{CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, UseOutcome};
+pub use gate::{
+    CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, HttpExchange, UseOutcome,
+};
 pub use grants::{GrantError, Limits, ProviderSpec};
 pub use inspect::{ComponentInfo, InspectError, inspect};
 pub use provider::{CallError, Provider};

@@ -20,7 +20,7 @@ use self::grant::HttpGrant;
 use super::capability::{CallSetup, Capability, Declared, Findings, Load, SetupError};
 use crate::base::{FieldError, until_deadline};
 use crate::budget::{Budget, BudgetCounters, BudgetExceeded};
-use crate::gate::{CapabilityKind, Gate, UseOutcome};
+use crate::gate::{CapabilityKind, Gate, HttpExchange, UseOutcome};
 
 /// The capability, as `crate::caps` registers it.
 pub(crate) struct HttpCap;
@@ -142,6 +142,13 @@ impl wit::Host for HttpCall {
         let started = shared.gate.start();
         // Only kept when observed: the URL is moved into the request.
         let target = started.map(|_| format!("{} {}", method_name(request.method), request.url));
+        // Only copied for an observer that shows them.
+        let sent_side = (started.is_some() && shared.gate.wants_exchanges()).then(|| {
+            (
+                HttpExchange::headers(&request.headers),
+                HttpExchange::body(&request.body),
+            )
+        });
         let sent = until_deadline(self.deadline, async {
             match checked {
                 Ok(url) => shared.egress.send_checked(url, request, remaining).await,
@@ -149,7 +156,7 @@ impl wit::Host for HttpCall {
             }
         })
         .await;
-        shared.gate.used(started, || {
+        shared.gate.used_with(started, || {
             let outcome = match &sent {
                 Ok(Ok(Ok(r))) => UseOutcome::Allowed {
                     status: Some(r.status),
@@ -159,7 +166,27 @@ impl wit::Host for HttpCall {
                 Ok(Ok(Err(e))) => UseOutcome::Failed(http_error_text(e)),
                 Ok(Err(_)) | Err(_) => UseOutcome::Failed("the call's deadline passed".into()),
             };
-            (CapabilityKind::Http, target.unwrap_or_default(), outcome)
+            let exchange = sent_side.map(|(request_headers, request_body)| {
+                let (response_headers, response_body) = match &sent {
+                    Ok(Ok(Ok(r))) => (
+                        HttpExchange::headers(&r.headers),
+                        HttpExchange::body(&r.body),
+                    ),
+                    _ => (Vec::new(), Vec::new()),
+                };
+                HttpExchange {
+                    request_headers,
+                    request_body,
+                    response_headers,
+                    response_body,
+                }
+            });
+            (
+                CapabilityKind::Http,
+                target.unwrap_or_default(),
+                outcome,
+                exchange,
+            )
         });
         sent?.map_err(wasmtime::Error::new)
     }
