@@ -692,6 +692,11 @@ fn provider_test_against_a_lab_endpoint_is_non_destructive_unless_allowed() {
     let (ok, stdout, stderr) = cro_str(&args);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("SKIP attach"), "{stdout}");
+    // The skip names the flags that allow it.
+    assert!(
+        stdout.contains("pass --allow-attach and --target-node"),
+        "{stdout}"
+    );
     assert!(stdout.contains("PASS get-resources"), "{stdout}");
     assert!(sim.machine_devices(machine).is_empty(), "nothing attached");
 
@@ -705,6 +710,16 @@ fn provider_test_against_a_lab_endpoint_is_non_destructive_unless_allowed() {
     let (ok, stdout, stderr) = cro_str(&args);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("PASS attach"), "{stdout}");
+    // The fabric's word, not the provider's: listed where attached, the same attempt
+    // asked again adds nothing, gone once detached.
+    for check in ["listed-after-attach", "retried-attach", "gone-after-detach"] {
+        assert!(stdout.contains(&format!("PASS {check}")), "{stdout}");
+    }
+    assert_eq!(
+        sim.requests_to(fabric_sim::Route::FmAttach).len(),
+        1,
+        "the retried attach attached nothing"
+    );
     assert!(stdout.contains("PASS detach-twice"), "{stdout}");
     assert!(sim.machine_devices(machine).is_empty(), "detached again");
 }

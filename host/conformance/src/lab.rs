@@ -49,8 +49,12 @@ pub(crate) const LAB: &[Row] = &[
     Row::new(CheckId::Describe, &[]),
     Row::new(CheckId::GetResources, &[]),
     Row::new(CheckId::Attach, &[Need::AttachAllowed]),
+    // The fabric's word, not the provider's: the device is listed where it was attached.
+    Row::new(CheckId::ListedAfterAttach, ATTACHED),
+    Row::new(CheckId::RetriedAttach, ATTACHED),
     Row::new(CheckId::Check, ATTACHED),
     Row::new(CheckId::Detach, ATTACHED),
+    Row::new(CheckId::GoneAfterDetach, DETACHED),
     // Run whatever `detach` said: a second detach must be `removed` either way.
     Row::new(CheckId::DetachTwice, ATTACHED),
     Row::new(CheckId::Denied, &[]),
@@ -60,6 +64,12 @@ pub(crate) const LAB: &[Row] = &[
 
 /// The checks of the device `attach` attached on the lab fabric.
 const ATTACHED: &[Need] = &[Need::AttachAllowed, Need::Passed(CheckId::Attach)];
+/// The checks after `detach` detached it.
+const DETACHED: &[Need] = &[
+    Need::AttachAllowed,
+    Need::Passed(CheckId::Attach),
+    Need::Passed(CheckId::Detach),
+];
 
 /// Runs the non-destructive checks (and, with [`LabTarget::attach`], attach, check,
 /// detach and a second detach) against a vendor's own fabric.
@@ -134,11 +144,93 @@ impl Lab<'_> {
                 Ok(()) => pass("detached"),
                 Err(e) => fail(format!("detach failed: {e}")),
             },
+            CheckId::ListedAfterAttach => self.listed(&held, true).await,
+            CheckId::GoneAfterDetach => self.listed(&held, false).await,
+            CheckId::RetriedAttach => self.retried(&held).await,
             CheckId::DetachTwice => match self.run.remove(&held).await {
                 Ok(RemoveOutcome::Removed) => pass("a second detach is `removed`"),
                 other => fail(format!("a second detach gave {}", outcome_text(&other))),
             },
             other => unknown(other),
+        }
+    }
+
+    /// What `get-resources` says of the held device: listed on its node (`attached`) or
+    /// listed nowhere.
+    async fn listed(&mut self, held: &cro_runtime::ComposableResource, attached: bool) -> Verdict {
+        let id = held.device_id.clone().unwrap_or_default();
+        let devices = match self.run.list(&[]).await {
+            Ok(d) => d,
+            Err(e) => return fail(format!("get-resources failed: {e}")),
+        };
+        let found = devices.iter().find(|d| d.device_id == id);
+        match (attached, found) {
+            (true, Some(d)) if d.node == held.target_node => {
+                pass(format!("get-resources lists {id} on {}", d.node))
+            }
+            (true, Some(d)) => fail(format!(
+                "the provider attached {id} to {}, but get-resources lists it on {:?}",
+                held.target_node, d.node
+            )),
+            (true, None) => fail(format!(
+                "the provider said it attached {id} to {}, but get-resources does not list it",
+                held.target_node
+            )),
+            (false, None) => pass(format!("get-resources no longer lists {id}")),
+            (false, Some(d)) => fail(format!(
+                "the provider said it detached {id}, but get-resources still lists it on {:?}",
+                d.node
+            )),
+        }
+    }
+
+    /// `retried-attach`: the attach asked again with the same attempt key (its reply
+    /// lost, say) answers the same device and attaches nothing more; a second device it
+    /// attached anyway is detached again, so the vendor's fabric is left as found.
+    async fn retried(&mut self, held: &cro_runtime::ComposableResource) -> Verdict {
+        let id = held.device_id.clone().unwrap_or_default();
+        let on_node = |devices: &[cro_runtime::DeviceInfo]| {
+            devices
+                .iter()
+                .filter(|d| d.node == held.target_node)
+                .count()
+        };
+        let before = match self.run.list(&[]).await {
+            Ok(d) => on_node(&d),
+            Err(e) => return fail(format!("get-resources failed: {e}")),
+        };
+        let mut again = held.clone();
+        again.device_id = None;
+        again.fabric_device_id = None;
+        again.machine_id = None;
+        let retried = self
+            .run
+            .attach(&request(&again, "conformance-lab-1", vec![]))
+            .await;
+        let after = match self.run.list(&[]).await {
+            Ok(d) => on_node(&d),
+            Err(e) => return fail(format!("get-resources failed: {e}")),
+        };
+        match retried {
+            Ok(d) if d.device_id == id && after == before => pass(format!(
+                "the retry answered {id} again and attached nothing more"
+            )),
+            Ok(d) => {
+                let extra = with_device(&again, &d);
+                let cleanup = if d.device_id == id {
+                    String::new()
+                } else {
+                    match self.run.detach(&extra).await {
+                        Ok(()) => format!("; {} was detached again", d.device_id),
+                        Err(e) => format!("; detaching {} failed: {e}", d.device_id),
+                    }
+                };
+                fail(format!(
+                    "the same attempt key attached {} (first {id}); {before} devices on {} before, {after} after{cleanup}",
+                    d.device_id, held.target_node
+                ))
+            }
+            Err(e) => fail(format!("the retried attach failed: {e}")),
         }
     }
 
@@ -172,9 +264,12 @@ impl Suite for Lab<'_> {
                 Err(e) => fail(format!("get-resources failed: {e}")),
             },
             CheckId::Attach => self.attach().await,
-            CheckId::Check | CheckId::Detach | CheckId::DetachTwice => {
-                self.held_verdict(check).await
-            }
+            CheckId::Check
+            | CheckId::Detach
+            | CheckId::DetachTwice
+            | CheckId::ListedAfterAttach
+            | CheckId::RetriedAttach
+            | CheckId::GoneAfterDetach => self.held_verdict(check).await,
             CheckId::Denied => self.denied().await?,
             CheckId::DeclaredCapabilities => declared_verdict(&self.run),
             CheckId::Resources => resources_verdict(&self.run),

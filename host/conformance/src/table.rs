@@ -18,7 +18,10 @@ pub(crate) enum CheckId {
     GetResources,
     InProgress,
     LostReplyRetry,
+    ListedAfterAttach,
+    RetriedAttach,
     Detach,
+    GoneAfterDetach,
     DetachTwice,
     Fault5xxCheck,
     FaultMalformedCheck,
@@ -45,7 +48,10 @@ impl CheckId {
             CheckId::GetResources => "get-resources",
             CheckId::InProgress => "in-progress",
             CheckId::LostReplyRetry => "lost-reply-retry",
+            CheckId::ListedAfterAttach => "listed-after-attach",
+            CheckId::RetriedAttach => "retried-attach",
             CheckId::Detach => "detach",
+            CheckId::GoneAfterDetach => "gone-after-detach",
             CheckId::DetachTwice => "detach-twice",
             CheckId::Fault5xxCheck => "fault-5xx-check",
             CheckId::FaultMalformedCheck => "fault-malformed-check",
@@ -78,7 +84,8 @@ impl Need {
         match self {
             Need::Passed(check) => format!("needs a passing `{}`", check.name()),
             Need::AttachAllowed => {
-                "destructive against a lab fabric: pass --allow-attach and --node".to_string()
+                "destructive against a lab fabric: pass --allow-attach and --target-node"
+                    .to_string()
             }
         }
     }

@@ -5,8 +5,9 @@
 //! neither the provider nor the operator learned which. A retry that simply attached
 //! again would leave that device on the machine, held by no ComposableResource. So,
 //! with a contract 0.2.0 host, the provider notes each attempt key in the host's state
-//! store before it sends the PATCH and forgets it once the attach returned a device.
-//! A call that finds its attempt key noted is a retry: it reads the machine first and
+//! store before it sends the PATCH, and keeps it for two minutes after the attach
+//! returned a device (the reply can still be lost between the host and the operator's
+//! record of it). A call that finds its attempt key noted is a retry: it reads the machine first and
 //! adopts a device of the requested type and model that no ComposableResource holds
 //! (the request's claims) and that this provider has not just handed to another
 //! resource (its hand-out record, which covers the moment between an attach and the
@@ -224,7 +225,9 @@ pub fn add<H: Host + ?Sized>(
         note_attempt(host, req);
     }
     let outcome = attach_one(f, &req.resource, machine)?;
-    host.state_remove(&attempt_key(&req.attempt_key));
+    if known_claims {
+        note_answered(host, req);
+    }
     Ok(outcome)
 }
 
@@ -251,8 +254,26 @@ fn adopt_after_lost_reply<H: Host + ?Sized>(
             r.name
         ),
     );
-    f.host().state_remove(&attempt_key(&req.attempt_key));
+    note_answered(f.host(), req);
     Ok(Some(outcome))
+}
+
+/// How long an attempt stays noted after it was answered: a retry of it within that
+/// time (the answer lost on its way to the operator's record: a restarted operator asks
+/// again within seconds) gets the same device. Short, because these notes share the
+/// state store's entries with the notes of attaches in flight.
+const ANSWERED_TTL_MS: u64 = 2 * 60 * 1000;
+
+/// Keeps the attempt noted, for a while, after it was answered: the same attempt asked
+/// again adopts the device it got (handed to this resource) instead of attaching
+/// another.
+fn note_answered<H: Host + ?Sized>(host: &H, req: &AddRequest) {
+    // A refusal (the state store full) only loses that protection, as for a first note.
+    let _ = host.state_set(
+        &attempt_key(&req.attempt_key),
+        req.resource.name.as_bytes(),
+        Some(ANSWERED_TTL_MS),
+    );
 }
 
 fn note_attempt<H: Host + ?Sized>(host: &H, req: &AddRequest) {

@@ -106,6 +106,34 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
     }
 }
 
+/// The attach answered, but the answer never reached the operator's record (it
+/// crashed first): the same attempt asked again gets the same device, and nothing more
+/// is attached. A contract 0.1.0 host passes no claims, so that build attaches again.
+#[tokio::test]
+async fn the_same_attempt_asked_again_after_its_answer_gets_the_same_device() {
+    let fx = fm().await;
+    let machine = fx.add_provider_id_node("worker-0");
+    let mut req = AddRequest::new(fx.gpu("gpu-a", "worker-0"));
+    req.attempt_key = "gpu-a-attempt-1".into();
+    let (serial, _) = attached(fx.provider.add(&req).await);
+    let (again, _) = attached(fx.provider.add(&req).await);
+    match fx.build {
+        Build::V0_2 => {
+            assert_eq!(again, serial);
+            assert_eq!(fx.sim.machine_devices(&machine).len(), 1);
+            assert_eq!(
+                fx.sim.requests_to(Route::FmAttach).len(),
+                1,
+                "no second attach"
+            );
+        }
+        Build::V0_1 => {
+            assert_ne!(again, serial);
+            assert_eq!(fx.sim.machine_devices(&machine).len(), 2);
+        }
+    }
+}
+
 #[tokio::test]
 async fn check_reports_healthy_warning_critical_and_missing() {
     let fx = fm().await;
