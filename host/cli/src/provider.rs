@@ -14,6 +14,7 @@ use clap::{Args, ValueEnum};
 use cro_conformance::redact::Redactor;
 use cro_conformance::{FabricKind, FtiApi, LabTarget, Recorder, SuiteOptions, UseRecord};
 use cro_runtime::cluster::StaticCluster;
+use cro_runtime::grants::{HttpGrant, LookupGrant};
 use cro_runtime::{
     AddOutcome, AddRequest, CallError, CapabilityReport, Claim, ComposableResource, DeviceType,
     Provider, ProviderSpec, RemoveOutcome, Runtime,
@@ -267,6 +268,11 @@ impl SpecArgs {
         spec.component = component.to_path_buf();
         if let Some(ms) = self.timeout_ms {
             spec.limits.call_timeout_ms = ms;
+        }
+        // `--node` gives the provider Nodes to look up: it may look them up.
+        let node_lookup = |g: &LookupGrant| g.api_version == "v1" && g.kind == "Node";
+        if !self.nodes.is_empty() && !spec.grants.lookup.iter().any(node_lookup) {
+            spec.grants.lookup.push(LookupGrant::new("v1", "Node"));
         }
         spec.validate().context("provider spec")?;
         Ok(spec)
@@ -658,6 +664,26 @@ fn render_exchange(out: &mut String, e: &cro_conformance::redact::ExchangeRecord
     }
 }
 
+/// `--endpoint` grants HTTP to its origin, unless the spec or `--grant` already grants
+/// HTTP somewhere (with a CA, say).
+fn grant_endpoint(spec: &mut ProviderSpec, endpoint: &str) -> anyhow::Result<()> {
+    if !spec.grants.http.is_empty() {
+        return Ok(());
+    }
+    let origin = endpoint
+        .split_once("://")
+        .and_then(|(scheme, rest)| {
+            let authority = rest.split(['/', '?', '#']).next()?;
+            (!authority.is_empty()).then(|| format!("{scheme}://{authority}"))
+        })
+        .with_context(|| format!("--endpoint {endpoint} is not a URL"))?;
+    let target = origin
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--endpoint {endpoint}: {e}"))?;
+    spec.grants.http.push(HttpGrant::new(target));
+    Ok(())
+}
+
 /// `cro provider test`.
 pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
     let mut opts = SuiteOptions::new(args.component.clone());
@@ -690,7 +716,8 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
             rt.block_on(cro_conformance::run_simulated(&opts))?
         }
         Some(endpoint) => {
-            let spec = args.spec.spec(&args.component, &[("endpoint", endpoint)])?;
+            let mut spec = args.spec.spec(&args.component, &[("endpoint", endpoint)])?;
+            grant_endpoint(&mut spec, endpoint)?;
             let cluster = args.spec.cluster(&spec)?;
             let attach = match (args.allow_attach, &args.target_node) {
                 (false, _) => None,
@@ -729,6 +756,22 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--endpoint` grants its origin when nothing grants HTTP yet, and only then.
+    #[test]
+    fn the_endpoint_grants_its_origin_unless_http_is_granted() {
+        let mut spec = ProviderSpec::new("lab", "p.wasm");
+        grant_endpoint(&mut spec, "https://fabric.example:8443/api/v1?x=1").unwrap();
+        assert_eq!(spec.grants.http.len(), 1);
+        assert_eq!(
+            spec.grants.http[0].url.to_string(),
+            "https://fabric.example:8443"
+        );
+        grant_endpoint(&mut spec, "https://second.example/").unwrap();
+        assert_eq!(spec.grants.http.len(), 1, "HTTP was granted already");
+        let mut bare = ProviderSpec::new("lab", "p.wasm");
+        assert!(grant_endpoint(&mut bare, "fabric.example").is_err());
+    }
 
     /// What a guest returns reaches the terminal with its invisible format characters
     /// escaped: a bidi override in a device id cannot reorder the line a vendor reads.

@@ -249,8 +249,7 @@ fn provider_call_prints_the_outcome_and_the_capability_trace() {
         &tenant,
         "--grant",
         "secret=ns/creds:username,password,client_id,client_secret,realm",
-        "--grant",
-        "lookup=v1/Node",
+        // No `--grant lookup=v1/Node`: `--node` implies it.
         "--grant",
         "clocks",
         "--node",
