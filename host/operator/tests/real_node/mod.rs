@@ -45,14 +45,7 @@ async fn apply_go_readme_request(env: &Env) -> String {
 
 /// The node's `nvidia.com/gpu` capacity, as the kubelet wrote it.
 async fn gpu_capacity(env: &Env) -> Option<String> {
-    Api::<Node>::all(env.client.clone())
-        .get(NODE_NAME)
-        .await
-        .ok()?
-        .status?
-        .capacity?
-        .get("nvidia.com/gpu")
-        .map(|q| q.0.clone())
+    gpu_resource(env, |s| s.capacity.as_ref()).await
 }
 
 /// A pod that asks the kubelet for one `nvidia.com/gpu` and prints the device it got.
@@ -86,12 +79,58 @@ async fn start_gpu_workload(env: &Env, name: &str) -> Pod {
         .wait_default_service_account(WORKLOAD_NS)
         .await
         .unwrap();
+    // The GPU must be allocatable, not only counted: while the operator restarts the
+    // device plugin, the kubelet keeps the capacity but marks the device unhealthy.
+    eventually("the kubelet can allocate a GPU", CONVERGE, || async {
+        let allocatable = gpu_resource(env, |s| s.allocatable.as_ref()).await?;
+        (allocatable != "0").then_some(())
+    })
+    .await;
     pods.create(&PostParams::default(), &pod).await.unwrap();
     eventually(&format!("workload {name} Running"), CONVERGE, || async {
-        let p = pods.get(name).await.ok()?;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+        let Some(p) = pods.get_opt(name).await.ok()? else {
+            // Deleted below after a rejection: made again once the old one is gone.
+            let _ = pods.create(&PostParams::default(), &pod).await;
+            return None;
+        };
+        match p.status.as_ref()?.phase.as_deref() {
+            Some("Running") => Some(p),
+            // Admitted in the moment a restarting plugin had no healthy device, the
+            // kubelet rejects a bare Pod for good (UnexpectedAdmissionError): make it
+            // again, as the Job or Deployment that would own it does.
+            Some("Failed") => {
+                let why = p.status.as_ref().and_then(|s| s.reason.clone());
+                eprintln!("workload {name} rejected ({why:?}): made again");
+                let _ = pods
+                    .delete(name, &DeleteParams::default().grace_period(0))
+                    .await;
+                None
+            }
+            _ => None,
+        }
     })
     .await
+}
+
+/// The node's `nvidia.com/gpu` from one field of its status (capacity, allocatable).
+async fn gpu_resource(
+    env: &Env,
+    field: impl Fn(
+        &k8s_openapi::api::core::v1::NodeStatus,
+    ) -> Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+) -> Option<String> {
+    let node = Api::<Node>::all(env.client.clone())
+        .get(NODE_NAME)
+        .await
+        .ok()?;
+    field(node.status.as_ref()?)?
+        .get("nvidia.com/gpu")
+        .map(|q| q.0.clone())
 }
 
 /// The GPU the workload's container was given, read from its own output.
