@@ -182,11 +182,7 @@ impl CapabilityObserver for Recorder {
         // Guest text: escaped and bounded here too, whoever built the event.
         event.target = escape_line(&event.target, USE_TEXT_BYTES);
         let bytes = event.target.len();
-        event.outcome = match event.outcome {
-            UseOutcome::Failed(why) => UseOutcome::Failed(escape_line(&why, USE_TEXT_BYTES)),
-            UseOutcome::Denied(why) => UseOutcome::Denied(escape_line(&why, USE_TEXT_BYTES)),
-            allowed => allowed,
-        };
+        event.outcome = event.outcome.bounded(USE_TEXT_BYTES);
         let bytes = bytes
             + match &event.outcome {
                 UseOutcome::Failed(why) | UseOutcome::Denied(why) => why.len(),

@@ -159,7 +159,8 @@ pub(crate) fn needs_escape(c: char) -> bool {
 
 /// Unicode format characters a terminal or log viewer does not show but obeys: the bidi
 /// embeddings, overrides, isolates and marks (which make `evil.example` read as
-/// something else), zero-width characters, word joiners, the soft hyphen and the BOM.
+/// something else), zero-width characters, word joiners, the soft hyphen, the BOM, the
+/// deprecated shaping controls, interlinear annotations and tags (invisible ASCII).
 pub fn is_invisible_format(c: char) -> bool {
     matches!(
         c,
@@ -170,7 +171,10 @@ pub fn is_invisible_format(c: char) -> bool {
             | '\u{202A}'..='\u{202E}'
             | '\u{2060}'..='\u{2064}'
             | '\u{2066}'..='\u{2069}'
+            | '\u{206A}'..='\u{206F}'
             | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{E0000}'..='\u{E007F}'
     )
 }
 

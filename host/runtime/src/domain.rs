@@ -262,18 +262,11 @@ fn quote_id(id: &str) -> String {
 /// (`base::needs_escape`: control characters — a `\n` starts a forged log line, an ESC
 /// sequence repaints a terminal —, the line and paragraph separators, the bidi controls
 /// — U+202E makes `gpu-1\u{202E}0-upg` display as another id — and the zero-width and
-/// other invisible format characters, with which two ids that print the same differ),
-/// and the rest of Unicode's invisible format characters (general category Cf) that
-/// the log escaping does not list. An id is refused rather than escaped, since escaping
-/// would change it.
+/// other invisible format characters, with which two ids that print the same differ):
+/// one list, so an id the host accepts is never escaped in its log. An id is refused
+/// rather than escaped, since escaping would change it.
 pub fn forbidden_in_id(c: char) -> bool {
     crate::base::needs_escape(c)
-        || matches!(
-            c,
-            '\u{206A}'..='\u{206F}' // deprecated format characters (symmetric swapping, shaping)
-                | '\u{FFF9}'..='\u{FFFB}' // interlinear annotation
-                | '\u{E0000}'..='\u{E007F}' // tags: invisible copies of ASCII
-        )
 }
 
 /// `id` as the provider's `field`, if it is an identifier ([`forbidden_in_id`]).

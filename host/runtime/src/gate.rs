@@ -79,11 +79,12 @@ pub enum UseOutcome {
 }
 
 impl UseOutcome {
-    /// The outcome with its reason made safe to print and bounded (it quotes guest text).
-    fn bounded(self) -> UseOutcome {
+    /// The outcome with its reason made safe to print and at most `max` bytes of it
+    /// kept (it quotes guest text).
+    pub fn bounded(self, max: usize) -> UseOutcome {
         match self {
-            UseOutcome::Failed(why) => UseOutcome::Failed(escape_line(&why, OBSERVED_TEXT_BYTES)),
-            UseOutcome::Denied(why) => UseOutcome::Denied(escape_line(&why, OBSERVED_TEXT_BYTES)),
+            UseOutcome::Failed(why) => UseOutcome::Failed(escape_line(&why, max)),
+            UseOutcome::Denied(why) => UseOutcome::Denied(escape_line(&why, max)),
             allowed => allowed,
         }
     }
@@ -238,7 +239,7 @@ impl Gate {
             observer.capability_used(CapabilityUse {
                 capability,
                 target: escape_line(&target, OBSERVED_TEXT_BYTES),
-                outcome: outcome.bounded(),
+                outcome: outcome.bounded(OBSERVED_TEXT_BYTES),
                 duration: started.elapsed(),
                 exchange,
             });

@@ -302,6 +302,8 @@ async fn leader_kills(
     let mut failovers = Vec::new();
     for k in 0..kills {
         both_ready_and_one_leads(env, replicas).await;
+        // The storm's rhythm (the load runs meanwhile), not a wait for a condition: the
+        // leader is killed a few seconds into its term.
         tokio::time::sleep(rng.between(Duration::from_secs(1), Duration::from_secs(4))).await;
         let leader = both_ready_and_one_leads(env, replicas).await;
         let leader_replica = replicas
