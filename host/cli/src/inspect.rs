@@ -79,7 +79,9 @@ fn declared(
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let runtime = cro_runtime::Runtime::new(cro_runtime::RuntimeOptions::default())?;
+    // A tool's pool slots: a CPython or JavaScript component has more core instances,
+    // memories and tables than the operator's defaults allow one slot.
+    let runtime = cro_runtime::Runtime::new(cro_conformance::tool_runtime_options())?;
     let provider = tokio
         .block_on(runtime.describe_bytes(bytes))
         .with_context(|| format!("{}", args.file.display()))?;
@@ -194,6 +196,16 @@ pub fn render(file: &Path, info: &ComponentInfo, verbose: bool) -> String {
         None => "none".to_string(),
     };
     let _ = writeln!(out, "contract:  {contract}");
+    let code = &info.code;
+    let _ = writeln!(
+        out,
+        "code:      {} functions, {} KiB; at most {} locals and {} nested blocks in one \
+         function (limits.compile_max_*)",
+        code.functions,
+        code.code_bytes.div_ceil(1024),
+        code.max_locals,
+        code.max_nesting
+    );
     for (title, items) in [("exports", &info.exports), ("imports", &info.imports)] {
         let _ = writeln!(out, "{title}:");
         if items.is_empty() {

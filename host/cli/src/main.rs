@@ -4,6 +4,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // A child this binary started to compile a component (bounded in time and memory,
+    // see cro_runtime::compile) runs that and nothing else; any other run registers this
+    // executable as the compiler every runtime it makes uses.
+    if let Some(code) = cro_runtime::compile::worker::run_as_worker_or_register() {
+        return code;
+    }
     let cli = cro::Cli::parse();
     // A one-shot command piped into `head` or a closed pager ends quietly, as other
     // command-line tools do, instead of panicking on the broken pipe (Rust ignores

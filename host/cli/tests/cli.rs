@@ -1,5 +1,7 @@
 //! `cro provider inspect` on real files.
 
+mod compile_bounds;
+
 use std::process::{Command, Output};
 
 fn cro(args: &[&std::ffi::OsStr]) -> Output {
@@ -45,14 +47,14 @@ fn inspects_a_real_provider() {
         stdout.contains("cro:provider/secrets@0.1.0: get"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("\n  wasi:cli/environment@0.2.6\n"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("\n  wasi:cli/environment@0.2."), "{stdout}");
     assert!(!stdout.contains("not provided"), "{stdout}");
     let (_, verbose, _) = inspect(&testkit, &["--verbose"]);
     assert!(
-        verbose.contains("wasi:cli/environment@0.2.6: get-environment, get-arguments"),
+        verbose
+            .lines()
+            .any(|l| l.contains("wasi:cli/environment@0.2.")
+                && l.ends_with(": get-environment, get-arguments")),
         "{verbose}"
     );
 

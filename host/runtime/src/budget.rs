@@ -40,10 +40,12 @@ pub enum Budget {
     HttpRequests,
     /// Bytes sent over HTTP by one call (`limits.http_bytes_sent_per_call`).
     HttpBytesSent,
+    /// WASI resource handles one call holds at once (`limits.wasi_handles_per_call`).
+    WasiHandles,
 }
 
 impl Budget {
-    pub const ALL: [Budget; 11] = [
+    pub const ALL: [Budget; 12] = [
         Budget::Memory,
         Budget::HostCallBytes,
         Budget::LogLines,
@@ -55,6 +57,7 @@ impl Budget {
         Budget::ProviderText,
         Budget::HttpRequests,
         Budget::HttpBytesSent,
+        Budget::WasiHandles,
     ];
 
     /// The metric label.
@@ -71,6 +74,7 @@ impl Budget {
             Budget::ProviderText => "provider_text",
             Budget::HttpRequests => "http_requests",
             Budget::HttpBytesSent => "http_bytes_sent",
+            Budget::WasiHandles => "wasi_handles",
         }
     }
 
@@ -88,6 +92,7 @@ impl Budget {
             Budget::ProviderText => "provider_text_bytes",
             Budget::HttpRequests => "http_requests_per_call",
             Budget::HttpBytesSent => "http_bytes_sent_per_call",
+            Budget::WasiHandles => "wasi_handles_per_call",
         }
     }
 
@@ -132,6 +137,9 @@ fn describe(budget: Budget, limit: u64) -> String {
         Budget::ProviderText => format!("returned text longer than {limit} bytes"),
         Budget::HttpRequests => format!("made more than {limit} HTTP requests in one call"),
         Budget::HttpBytesSent => format!("sent more than {limit} bytes over HTTP in one call"),
+        Budget::WasiHandles => {
+            format!("held more than {limit} WASI resources (streams, pollables) at once")
+        }
     };
     format!(
         "the provider {what}; the host stopped it (raise limits.{} in the provider spec if \
@@ -143,7 +151,7 @@ fn describe(budget: Budget, limit: u64) -> String {
 /// How often each budget was hit, per provider (for metrics).
 #[derive(Debug, Default)]
 pub struct BudgetCounters {
-    counts: [AtomicU64; 11],
+    counts: [AtomicU64; Budget::ALL.len()],
 }
 
 impl BudgetCounters {

@@ -928,17 +928,16 @@ mod sys {
     }
 }
 
-/// Compiles `bytes` with `engine`, through `cache` when there is one.
+/// Compiles `bytes` with `compile`, through `cache` when there is one.
 pub(crate) fn compile(
     cache: Option<&ComponentCache>,
     engine: &Engine,
     bytes: &[u8],
+    compile: impl FnOnce() -> wasmtime::Result<Component>,
 ) -> wasmtime::Result<Component> {
     match cache {
-        Some(cache) => cache
-            .get_or_compile(engine, bytes, || Component::new(engine, bytes))
-            .map(|(c, _)| c),
-        None => Component::new(engine, bytes),
+        Some(cache) => cache.get_or_compile(engine, bytes, compile).map(|(c, _)| c),
+        None => compile(),
     }
 }
 

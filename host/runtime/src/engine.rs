@@ -13,6 +13,7 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use crate::base::{WallClock, base_config, error_chain};
 use crate::cache::ComponentCache;
 use crate::call::{self, CallCtx, SlotSize};
+use crate::compile::Compiler;
 
 /// Why the engine could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,14 +46,20 @@ pub struct RuntimeOptions {
     /// Where compiled components are kept across runs; `None` compiles every time.
     /// The default comes from the environment ([`ComponentCache::from_env`]).
     pub component_cache: Option<ComponentCache>,
+    /// Where components are compiled: in a bounded worker process when this executable
+    /// registered itself as one ([`Compiler::from_process`]), else in process.
+    pub compiler: Compiler,
 }
+
+/// The default of [`RuntimeOptions::max_memory_bytes`].
+pub(crate) const DEFAULT_MAX_MEMORY_BYTES: u64 = 256 << 20;
 
 impl Default for RuntimeOptions {
     /// Sized for a small operator (2 cores, a few GiB): 64 instances of up to 256 MiB.
     fn default() -> RuntimeOptions {
         RuntimeOptions {
             max_instances: 64,
-            max_memory_bytes: 256 << 20,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             epoch_tick: Duration::from_millis(10),
             guest_output_bytes: 16 << 10,
             // A Rust wasm32-wasip2 component has one main module with one memory and
@@ -63,6 +70,7 @@ impl Default for RuntimeOptions {
             max_tables_per_component: 4,
             wall_clock: None,
             component_cache: ComponentCache::from_env(),
+            compiler: Compiler::from_process(),
         }
     }
 }
@@ -85,6 +93,7 @@ impl fmt::Debug for RuntimeOptions {
             .field("max_tables_per_component", &self.max_tables_per_component)
             .field("wall_clock", &self.wall_clock.as_ref().map(|_| "injected"))
             .field("component_cache", &self.component_cache)
+            .field("compiler", &self.compiler)
             .finish()
     }
 }
@@ -173,12 +182,20 @@ fn engine(options: &RuntimeOptions) -> Result<Engine, EngineError> {
         .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
         .table_keep_resident(KEEP_RESIDENT_TABLE)
         .pagemap_scan(wasmtime::Enabled::Auto);
+    let mut config = compile_config(options.max_memory_bytes);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&config).map_err(|e| EngineError(error_chain(&e)))
+}
+
+/// Every setting that shapes compiled code, and nothing else: a compile worker
+/// (`crate::compile::worker`) builds its engine from this alone, and its output maps into
+/// the runtime's engine only if the two agree (wasmtime checks).
+pub(crate) fn compile_config(max_memory_bytes: u64) -> wasmtime::Config {
     let mut config = base_config();
     config
         .epoch_interruption(true)
-        .memory_reservation(options.max_memory_bytes)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config).map_err(|e| EngineError(error_chain(&e)))
+        .memory_reservation(max_memory_bytes);
+    config
 }
 
 fn start_ticker(engine: &Engine, tick: Duration) -> Result<(), EngineError> {

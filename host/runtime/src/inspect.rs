@@ -5,8 +5,9 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
-use crate::base::{base_config, error_chain};
+use crate::base::error_chain;
 use crate::cache::ComponentCache;
+use crate::compile;
 
 pub use crate::wit::SUPPORTED_VERSIONS;
 use crate::wit::{EXPORTS, OWN_INTERFACES, PACKAGE, same_minor};
@@ -66,6 +67,8 @@ pub struct ComponentInfo {
     pub exports: Vec<Item>,
     /// Imports this host does not provide (the component cannot be instantiated here).
     pub unsatisfied_imports: Vec<String>,
+    /// What it asks the compiler to compile (checked against `limits.compile_max_*`).
+    pub code: compile::Shape,
 }
 
 /// Checks the binary header: components pass, anything else is named.
@@ -83,15 +86,26 @@ pub fn sniff(bytes: &[u8]) -> Result<(), InspectError> {
     }
 }
 
-/// Compiles `bytes` with a plain engine (through the environment's component cache)
-/// and describes the component.
+/// Compiles `bytes` with a plain engine (through the environment's component cache and
+/// the default compile limits, see `crate::compile`) and describes the component.
 pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
     sniff(bytes)?;
-    let engine = Engine::new(&base_config()).map_err(|e| InspectError::Invalid(error_chain(&e)))?;
-    let cache = ComponentCache::from_env();
-    let component = crate::cache::compile(cache.as_ref(), &engine, bytes)
+    let invalid = |e: &dyn std::fmt::Display| InspectError::Invalid(e.to_string());
+    let limits = crate::Limits::default();
+    let shape = compile::scan::shape(bytes).map_err(|e| invalid(&e))?;
+    compile::check(&shape, &limits).map_err(|e| invalid(&e))?;
+    let max_memory_bytes = crate::engine::DEFAULT_MAX_MEMORY_BYTES;
+    let engine = Engine::new(&crate::engine::compile_config(max_memory_bytes))
         .map_err(|e| InspectError::Invalid(error_chain(&e)))?;
-    Ok(describe(&engine, &component))
+    let cache = ComponentCache::from_env();
+    let component = crate::cache::compile(cache.as_ref(), &engine, bytes, || {
+        let compiler = compile::Compiler::from_process();
+        let bounds = compile::Bounds::of(&limits);
+        compile::compile(&compiler, &engine, max_memory_bytes, bytes, &bounds)
+            .map_err(wasmtime::Error::new)
+    })
+    .map_err(|e| InspectError::Invalid(error_chain(&e)))?;
+    Ok(describe(&engine, &component, shape))
 }
 
 fn item(engine: &Engine, name: &str, ty: &ComponentItem) -> Item {
@@ -118,7 +132,11 @@ fn item(engine: &Engine, name: &str, ty: &ComponentItem) -> Item {
     }
 }
 
-pub(crate) fn describe(engine: &Engine, component: &Component) -> ComponentInfo {
+pub(crate) fn describe(
+    engine: &Engine,
+    component: &Component,
+    code: compile::Shape,
+) -> ComponentInfo {
     let ty = component.component_type();
     let imports: Vec<Item> = ty
         .imports(engine)
@@ -154,6 +172,7 @@ pub(crate) fn describe(engine: &Engine, component: &Component) -> ComponentInfo 
         imports,
         exports,
         unsatisfied_imports,
+        code,
     }
 }
 

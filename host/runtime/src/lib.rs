@@ -83,6 +83,7 @@
 //! - [`wit`]: the contract versions served (one module each) behind one dispatch.
 //! - [`report`]: what a provider declares it needs against what it is granted.
 //! - [`cache`]: compiled components kept on disk across runs.
+//! - [`compile`]: compiling within bounds (a pre-scan, then a worker process).
 
 mod base;
 pub mod budget;
@@ -90,6 +91,7 @@ pub mod cache;
 mod call;
 pub mod caps;
 pub mod cluster;
+pub mod compile;
 pub mod domain;
 mod engine;
 pub mod gate;
@@ -104,6 +106,7 @@ pub mod wit;
 pub use base::{WallClock, escape_line, is_invisible_format};
 pub use budget::{Budget, BudgetCounters, BudgetExceeded};
 pub use cache::{CacheError, CacheOutcome, CacheStats, ComponentCache};
+pub use compile::{CompileError, Compiler};
 pub use domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
     FabricError, ProviderError, ProviderInfo, RemoveOutcome,

@@ -50,6 +50,22 @@ pub struct Limits {
     pub http_requests_per_call: u32,
     /// Bytes one call may send over HTTP (URLs, headers and bodies).
     pub http_bytes_sent_per_call: u64,
+    /// WASI resource handles (streams, pollables) one call may hold at once: each costs
+    /// the host a table entry and the object behind it (100,000 pollables cost 29 MiB).
+    pub wasi_handles_per_call: u32,
+    /// Longest the component may take to compile when loaded; the compiler (a child
+    /// process) is killed then (`crate::compile`).
+    pub compile_timeout_ms: u64,
+    /// Memory the compiler may use for the component (the child's data limit).
+    pub compile_memory_bytes: u64,
+    /// Function bodies the component may hold, across its core modules.
+    pub compile_max_functions: u64,
+    /// Bytes of function bodies the component may hold.
+    pub compile_max_code_bytes: u64,
+    /// Locals one function may declare.
+    pub compile_max_locals: u32,
+    /// Nesting depth of blocks, loops, ifs and trys in one function.
+    pub compile_max_nesting: u32,
 }
 
 impl Default for Limits {
@@ -71,6 +87,16 @@ impl Default for Limits {
             provider_text_bytes: 4096,
             http_requests_per_call: 256,
             http_bytes_sent_per_call: 16 << 20,
+            wasi_handles_per_call: 4096,
+            compile_timeout_ms: 120_000,
+            compile_memory_bytes: 1 << 30,
+            // About four times the largest components known: the CPython example (13,381
+            // functions, 6.3 MiB of code, 271 locals, 781 nested blocks) and the
+            // JavaScript engine componentize-js embeds (12,584 functions, 8.8 MiB).
+            compile_max_functions: 50_000,
+            compile_max_code_bytes: 32 << 20,
+            compile_max_locals: 10_000,
+            compile_max_nesting: 10_000,
         }
     }
 }
@@ -93,6 +119,12 @@ impl Limits {
     pub const MAX_CLUSTER_READS_PER_SECOND: u32 = 10_000;
     pub const MIN_PROVIDER_TEXT_BYTES: u32 = 256;
     pub const MAX_PROVIDER_TEXT_BYTES: u32 = 1 << 20;
+    pub const MIN_WASI_HANDLES_PER_CALL: u32 = 16;
+    pub const MAX_WASI_HANDLES_PER_CALL: u32 = 1 << 20;
+    pub const MAX_COMPILE_TIMEOUT_MS: u64 = 30 * 60 * 1000;
+    /// Below this the compiler cannot even start (its own code and threads).
+    pub const MIN_COMPILE_MEMORY_BYTES: u64 = 32 << 20;
+    pub const MAX_COMPILE_MEMORY_BYTES: u64 = 64 << 30;
 
     pub fn call_timeout(&self) -> Duration {
         Duration::from_millis(self.call_timeout_ms)
@@ -111,6 +143,13 @@ impl Limits {
         self.validate_logs()?;
         self.validate_cluster()?;
         self.validate_http()?;
+        self.validate_compile()?;
+        range(
+            "wasi_handles_per_call",
+            u64::from(self.wasi_handles_per_call),
+            u64::from(Self::MIN_WASI_HANDLES_PER_CALL),
+            u64::from(Self::MAX_WASI_HANDLES_PER_CALL),
+        )?;
         range(
             "provider_text_bytes",
             u64::from(self.provider_text_bytes),
@@ -205,6 +244,46 @@ impl Limits {
             self.http_bytes_sent_per_call,
             Self::MIN_HTTP_BYTES_SENT_PER_CALL,
             Self::MAX_HTTP_BYTES_SENT_PER_CALL,
+        )
+    }
+
+    /// What compiling the component may take (`crate::compile`).
+    fn validate_compile(&self) -> Result<(), FieldError> {
+        range(
+            "compile_timeout_ms",
+            self.compile_timeout_ms,
+            1,
+            Self::MAX_COMPILE_TIMEOUT_MS,
+        )?;
+        range(
+            "compile_memory_bytes",
+            self.compile_memory_bytes,
+            Self::MIN_COMPILE_MEMORY_BYTES,
+            Self::MAX_COMPILE_MEMORY_BYTES,
+        )?;
+        range(
+            "compile_max_functions",
+            self.compile_max_functions,
+            1,
+            u64::from(u32::MAX),
+        )?;
+        range(
+            "compile_max_code_bytes",
+            self.compile_max_code_bytes,
+            1,
+            u64::from(u32::MAX),
+        )?;
+        range(
+            "compile_max_locals",
+            u64::from(self.compile_max_locals),
+            0,
+            u64::from(u32::MAX),
+        )?;
+        range(
+            "compile_max_nesting",
+            u64::from(self.compile_max_nesting),
+            0,
+            u64::from(u32::MAX),
         )
     }
 

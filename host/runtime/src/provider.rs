@@ -429,6 +429,12 @@ impl Provider {
                 budget: Budget::HostCallBytes,
                 limit: limits.effective_host_call_bytes(),
             })
+        } else if wasi_table_full(&error) {
+            budgets.hit(Budget::WasiHandles);
+            CallError::Budget(BudgetExceeded {
+                budget: Budget::WasiHandles,
+                limit: u64::from(limits.wasi_handles_per_call),
+            })
         } else if memory_refused {
             budgets.hit(Budget::Memory);
             CallError::OutOfMemory {
@@ -463,6 +469,17 @@ impl Provider {
             }
         }
     }
+}
+
+/// The call's WASI resource table refused another handle (`limits.wasi_handles_per_call`,
+/// see `caps::wasi`): wasmtime-wasi turns that into a trap carrying the table's error.
+fn wasi_table_full(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<wasmtime::component::ResourceTableError>(),
+            Some(wasmtime::component::ResourceTableError::Full)
+        )
+    })
 }
 
 /// Bytes of a failed call's error quoted in its warning line.

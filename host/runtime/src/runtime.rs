@@ -17,6 +17,7 @@ use crate::caps::Capabilities;
 use crate::caps::capability::{Load, SetupError};
 use crate::caps::reads::ReadLimiter;
 use crate::cluster::ClusterReader;
+use crate::compile::{self, Bounds, CompileError, Shape};
 use crate::domain::ProviderInfo;
 use crate::engine::{EngineError, EngineShared, RuntimeOptions};
 use crate::gate::{CapabilityObserver, Gate};
@@ -70,6 +71,10 @@ pub enum LoadError {
     Describe(String),
     #[error("provider limits: {0}")]
     Limits(String),
+    /// Compiling was refused or stopped by `limits.compile_*` (the pre-scan, the
+    /// compiler's time or memory), or the compile worker could not run.
+    #[error(transparent)]
+    Compile(CompileError),
     /// The component needs more core instances, memories or tables than one pool slot
     /// holds (`RuntimeOptions::max_*_per_component`); running it would take what other
     /// providers' calls need.
@@ -94,6 +99,8 @@ const MAX_CACHED_COMPONENTS: usize = 16;
 #[derive(Clone)]
 struct Compiled {
     bytes: Arc<[u8]>,
+    /// What the pre-scan found: checked against each load's own limits.
+    shape: Shape,
     component: Component,
     info: Arc<ComponentInfo>,
 }
@@ -122,6 +129,7 @@ impl fmt::Debug for Runtime {
 
 /// wasmtime refuses a component above the pool's per-component limits when compiling
 /// it; its error type is private, so it is recognised by its words.
+/// A compile worker's output is refused in the same words when mapped into the engine.
 fn pool_refusal(e: &wasmtime::Error) -> Option<String> {
     let text = error_chain(e);
     text.contains("pooling allocator").then_some(text)
@@ -143,7 +151,7 @@ impl Runtime {
 
     /// Describes a component (world, contract version, imports, exports).
     pub fn inspect(&self, bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
-        match self.compile(bytes) {
+        match self.compile(bytes, &crate::Limits::default()) {
             Ok(c) => Ok(c.info.as_ref().clone()),
             Err(LoadError::Component(e)) => Err(e),
             Err(e) => Err(InspectError::Invalid(e.to_string())),
@@ -208,8 +216,9 @@ impl Runtime {
             )));
         }
         let this = self.clone();
+        let limits = spec.limits;
         // Compiling takes seconds of CPU: keep it off the async workers.
-        let compiled = tokio::task::spawn_blocking(move || this.compile(&bytes))
+        let compiled = tokio::task::spawn_blocking(move || this.compile(&bytes, &limits))
             .await
             .map_err(|e| LoadError::Engine(format!("compilation task failed: {e}")))??;
         let info = &compiled.info;
@@ -310,8 +319,10 @@ impl Runtime {
         })
     }
 
-    /// Compiles once per distinct binary (the same bytes loaded twice share the code).
-    fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
+    /// Compiles once per distinct binary (the same bytes loaded twice share the code),
+    /// within `limits` (`crate::compile`): a binary above them is refused even when
+    /// compiled already for a load with larger limits.
+    fn compile(&self, bytes: &[u8], limits: &crate::Limits) -> Result<Compiled, LoadError> {
         inspect::sniff(bytes)?;
         let mut hasher = DefaultHasher::new();
         bytes.hash(&mut hasher);
@@ -324,18 +335,35 @@ impl Runtime {
             .get(&key)
             .and_then(|v| v.iter().find(|c| *c.bytes == *bytes).cloned());
         if let Some(c) = cached {
+            compile::check(&c.shape, limits).map_err(LoadError::Compile)?;
             return Ok(c);
         }
-        let engine = &self.inner.shared.engine;
-        let cache = self.inner.shared.options.component_cache.as_ref();
-        let component =
-            cache::compile(cache, engine, bytes).map_err(|e| match pool_refusal(&e) {
-                Some(text) => LoadError::TooLarge(text),
-                None => LoadError::Component(InspectError::Invalid(error_chain(&e))),
-            })?;
-        let info = Arc::new(inspect::describe(engine, &component));
+        let shape = compile::scan::shape(bytes)
+            .map_err(|e| LoadError::Component(InspectError::Invalid(e.to_string())))?;
+        compile::check(&shape, limits).map_err(LoadError::Compile)?;
+        let shared = &self.inner.shared;
+        let options = &shared.options;
+        let bounds = Bounds::of(limits);
+        let component = cache::compile(
+            options.component_cache.as_ref(),
+            &shared.engine,
+            bytes,
+            || {
+                compile::compile(
+                    &options.compiler,
+                    &shared.engine,
+                    options.max_memory_bytes,
+                    bytes,
+                    &bounds,
+                )
+                .map_err(wasmtime::Error::new)
+            },
+        )
+        .map_err(compile_error)?;
+        let info = Arc::new(inspect::describe(&shared.engine, &component, shape));
         let compiled = Compiled {
             bytes: bytes.into(),
+            shape,
             component,
             info,
         };
@@ -351,6 +379,19 @@ impl Runtime {
         }
         cache.entry(key).or_default().push(compiled.clone());
         Ok(compiled)
+    }
+}
+
+/// What a failed compile is: over a pool slot's share, stopped by a compile limit, or
+/// not a valid component.
+fn compile_error(e: wasmtime::Error) -> LoadError {
+    if let Some(text) = pool_refusal(&e) {
+        return LoadError::TooLarge(text);
+    }
+    match e.downcast::<CompileError>() {
+        Ok(CompileError::Invalid(text)) => LoadError::Component(InspectError::Invalid(text)),
+        Ok(e) => LoadError::Compile(e),
+        Err(e) => LoadError::Component(InspectError::Invalid(error_chain(&e))),
     }
 }
 

@@ -447,3 +447,30 @@ async fn ids_that_could_forge_or_disguise_a_log_line_are_refused() {
     };
     assert_eq!(device.device_id, "GPU-8d2c7a1e|3");
 }
+
+/// WASI resources a call holds (streams, pollables) live on the host's heap, outside the
+/// call's memory budget: 100,000 pollables cost the host 29 MiB before they were
+/// counted. The table refuses the handle over `limits.wasi_handles_per_call` and the call
+/// fails with that budget, while a good provider is served beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_handles_held_by_a_call_are_bounded() {
+    let hostile = spec("pollables", &[("count", "100000")]);
+    let p = load(&hostile).await;
+    let limit = p.spec().limits.wasi_handles_per_call;
+    let (out, _) = beside_a_good_provider(p.add(&AddRequest::new(gpu("a")))).await;
+    assert_eq!(
+        out,
+        Err(CallError::Budget(BudgetExceeded {
+            budget: Budget::WasiHandles,
+            limit: u64::from(limit),
+        }))
+    );
+    assert_eq!(p.budgets().get(Budget::WasiHandles), 1);
+    // Below the budget the same call succeeds: it is the count that is refused.
+    let mut fits = hostile.clone();
+    let half = (limit / 2).to_string();
+    fits.config.insert("count".into(), half);
+    let p = load(&fits).await;
+    let out = p.add(&AddRequest::new(gpu("b"))).await;
+    assert!(out.is_ok(), "{out:?}");
+}

@@ -138,6 +138,7 @@ fn run(mode: &str) -> Result<String, ProviderError> {
         "read-loop" => hostile::read_loop(),
         "alias-send" => hostile::aliased_headers(),
         "http-loop" => hostile::http_loop(),
+        "pollables" => hostile::pollables(),
         "big-error" => hostile::big_error(),
         "state-fill" => hostile::state_fill(),
         other => Err(ProviderError::Config(format!(
@@ -352,6 +353,15 @@ mod hostile {
 
     fn size(default: usize) -> usize {
         cfg("size").and_then(|n| n.parse().ok()).unwrap_or(default)
+    }
+
+    /// Holds `count` WASI pollables at once (each a host-side resource handle).
+    pub fn pollables() -> Result<String, ProviderError> {
+        let n = count(100_000);
+        let held: Vec<_> = (0..n)
+            .map(|_| wasip2::clocks::monotonic_clock::subscribe_duration(1_000_000_000))
+            .collect();
+        Ok(format!("held {} pollables", held.len()))
     }
 
     /// Logs config `message` (or `size` bytes of `x`) `count` times.

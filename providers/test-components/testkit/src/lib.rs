@@ -30,6 +30,7 @@
 //! | `alias-send`  | sends one request to config `url` with `count` (300) headers whose values all alias one `size`-byte (256 KiB) buffer |
 //! | `alias-return`| (`get-resources` only) returns `count` (300) devices whose strings all alias one `size`-byte (256 KiB) buffer |
 //! | `http-loop`   | sends the `http` mode's request `count` times (default 1,000,000), with a `size`-byte body when set |
+//! | `pollables`   | holds `count` WASI pollables at once (default 100,000): host-side resource handles |
 //! | `big-error`   | fails with a `size`-byte (48 MiB) message of config `fill` (default `e`) repeated |
 //! | `state-fill`  | stores tiny entries in `state` until one is refused (at most `count`) |
 //!

@@ -40,15 +40,22 @@ impl Capability for WasiCap {
             grant: *grant,
             clock: load.clock.clone(),
             output_bytes: load.guest_output_bytes,
+            handles: load.limits.wasi_handles_per_call as usize,
         })
     }
 
     fn call(shared: &Arc<Wasi>, _: &CallSetup) -> WasiCall {
         let stdout = TailCapture::new(shared.output_bytes);
         let stderr = TailCapture::new(shared.output_bytes);
+        // Each handle is a table entry and the object behind it, on the host's heap and
+        // not in the guest's memory: without a cap, 100,000 pollables cost 29 MiB the
+        // memory budget never saw. A push beyond it fails; `crate::provider` reports the
+        // call as over `limits.wasi_handles_per_call`.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(shared.handles);
         WasiCall {
             ctx: context(shared.grant, &shared.clock, stdout.clone(), stderr.clone()),
-            table: ResourceTable::new(),
+            table,
             stdout,
             stderr,
         }
@@ -82,6 +89,8 @@ pub(crate) struct Wasi {
     grant: WasiGrant,
     clock: WallClock,
     output_bytes: usize,
+    /// `limits.wasi_handles_per_call`.
+    handles: usize,
 }
 
 /// One call's side: its WASI context, its resources and what it wrote.
