@@ -282,9 +282,17 @@ async fn host_driver_through_the_node_agent() {
     );
     assert!(env.gpus_on(&m2).is_empty());
 
-    // Without the node agent DaemonSet the error says to deploy it.
+    // Without the node agent DaemonSet the error says to deploy it. Its pods go with it,
+    // as the garbage collector removes them (this API server runs without one).
     Api::<DaemonSet>::namespaced(env.client.clone(), common::OPERATOR_NS)
         .delete(node_sim::AGENT_DS, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Pod>::namespaced(env.client.clone(), common::OPERATOR_NS)
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default().labels(&format!("app={}", node_sim::AGENT_DS)),
+        )
         .await
         .unwrap();
     let error = eventually("the missing node agent reported", CONVERGE, || async {

@@ -10,10 +10,10 @@ use tokio::sync::Semaphore;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::base::{WallClock, base_config, error_chain};
+use crate::base::{WallClock, error_chain};
 use crate::cache::ComponentCache;
 use crate::call::{self, CallCtx, SlotSize};
-use crate::compile::Compiler;
+use crate::compile::{Compiler, compile_config};
 
 /// Why the engine could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -185,17 +185,6 @@ fn engine(options: &RuntimeOptions) -> Result<Engine, EngineError> {
     let mut config = compile_config(options.max_memory_bytes);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|e| EngineError(error_chain(&e)))
-}
-
-/// Every setting that shapes compiled code, and nothing else: a compile worker
-/// (`crate::compile::worker`) builds its engine from this alone, and its output maps into
-/// the runtime's engine only if the two agree (wasmtime checks).
-pub(crate) fn compile_config(max_memory_bytes: u64) -> wasmtime::Config {
-    let mut config = base_config();
-    config
-        .epoch_interruption(true)
-        .memory_reservation(max_memory_bytes);
-    config
 }
 
 fn start_ticker(engine: &Engine, tick: Duration) -> Result<(), EngineError> {

@@ -95,7 +95,7 @@ pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
     let shape = compile::scan::shape(bytes).map_err(|e| invalid(&e))?;
     compile::check(&shape, &limits).map_err(|e| invalid(&e))?;
     let max_memory_bytes = crate::engine::DEFAULT_MAX_MEMORY_BYTES;
-    let engine = Engine::new(&crate::engine::compile_config(max_memory_bytes))
+    let engine = Engine::new(&crate::compile::compile_config(max_memory_bytes))
         .map_err(|e| InspectError::Invalid(error_chain(&e)))?;
     let cache = ComponentCache::from_env();
     let component = crate::cache::compile(cache.as_ref(), &engine, bytes, || {

@@ -102,6 +102,10 @@ pub struct Timings {
     /// First retry delay after an error; doubles per consecutive error.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// How long a request's `status.resources` may lag its devices' progress while the
+    /// request stays Updating: progress seen within it is written together (a change of
+    /// the request's state or error, or a device first seen, is written at once).
+    pub mirror_delay: Duration,
 }
 
 impl Default for Timings {
@@ -114,6 +118,7 @@ impl Default for Timings {
             rescan_interval: Duration::from_secs(30),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
+            mirror_delay: Duration::from_secs(2),
         }
     }
 }

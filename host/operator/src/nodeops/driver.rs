@@ -180,21 +180,16 @@ async fn cluster_policy_driver(client: &kube::Client) -> Result<Option<bool>, No
     }
 }
 
-/// The node agent pod on `node`, after checking its DaemonSet exists.
+/// The node agent pod on `node`. Its DaemonSet is read only when no such pod is found,
+/// to tell a missing DaemonSet from a pod not Ready yet: reading it first cost a GET per
+/// node command of every attach and detach (docs/BENCHMARKS.md).
 async fn agent_pod(
     client: &kube::Client,
     namespace: &str,
     node: &str,
 ) -> Result<PodRef, NodeOpsError> {
-    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
-    if sets.get_opt(AGENT_DAEMONSET).await?.is_none() {
-        return Err(NodeOpsError::NoAgentDaemonSet {
-            namespace: namespace.to_owned(),
-            name: AGENT_DAEMONSET.to_owned(),
-        });
-    }
     let agents: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods_on_node(&agents, AGENT_POD_LABEL, node)
+    let found = pods_on_node(&agents, AGENT_POD_LABEL, node)
         .await?
         .iter()
         .filter(|p| {
@@ -204,11 +199,21 @@ async fn agent_pod(
                 .is_some_and(|n| n.starts_with(AGENT_DAEMONSET))
                 && running_and_ready(p)
         })
-        .find_map(|p| pod_ref(p, node))
-        .ok_or_else(|| NodeOpsError::NoAgent {
-            node: node.to_owned(),
-            agent: format!("{namespace}/{AGENT_DAEMONSET}"),
-        })
+        .find_map(|p| pod_ref(p, node));
+    if let Some(pod) = found {
+        return Ok(pod);
+    }
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    if sets.get_opt(AGENT_DAEMONSET).await?.is_none() {
+        return Err(NodeOpsError::NoAgentDaemonSet {
+            namespace: namespace.to_owned(),
+            name: AGENT_DAEMONSET.to_owned(),
+        });
+    }
+    Err(NodeOpsError::NoAgent {
+        node: node.to_owned(),
+        agent: format!("{namespace}/{AGENT_DAEMONSET}"),
+    })
 }
 
 /// Finds the node's driver (docs/node-operations.md, "Which driver a node has"):

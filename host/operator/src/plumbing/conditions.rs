@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
-use crate::plumbing::patch::ReportPatch;
+use crate::plumbing::patch::{ReportPatch, ResourceStatusPatch};
 
 /// The condition type this module maintains.
 pub(crate) const READY: &str = "Ready";
@@ -260,6 +260,34 @@ pub(crate) fn with_ready(
         None => out.push(ready),
     }
     Some(out)
+}
+
+/// `patch` with the Ready condition `res` will carry once `patch` is written folded in, so
+/// a state and its condition are one write, not two (each write is a watch event every
+/// watch of resources decodes, and wakes the resource again): the report after the
+/// reconciliation (`reconcile::report_success`) then finds the condition in place.
+pub(crate) fn with_ready_after(
+    res: &ComposableResource,
+    mut patch: ResourceStatusPatch,
+    now: Timestamp,
+) -> ResourceStatusPatch {
+    let mut preview = res.clone();
+    let status = preview.status.get_or_insert_with(Default::default);
+    if let Some(state) = &patch.state {
+        status.state = state.clone();
+    }
+    if let Some(error) = &patch.error {
+        status.error = error.clone();
+    }
+    if let Some(id) = &patch.device_id {
+        status.device_id = id.clone();
+    }
+    if let Some(id) = &patch.cdi_device_id {
+        status.cdi_device_id = id.clone();
+    }
+    let error = status.error.clone();
+    patch.conditions = report_patch(&preview, &error, None, now).and_then(|r| r.conditions);
+    patch
 }
 
 /// The status patch that records `error` and the Ready condition it implies on `obj`, or

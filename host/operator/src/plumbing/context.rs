@@ -32,7 +32,13 @@ pub(crate) struct Context {
     /// Per object, the resource version its last reconciliation here left it at (see
     /// [`Context::is_current`]).
     left_at: Mutex<HashMap<String, u64>>,
+    /// Per request, when progress of its devices was first seen and not yet written (see
+    /// `controllers::request::mirror::pace`).
+    unwritten_progress: Mutex<HashMap<String, Instant>>,
 }
+
+/// Entries of `Context::unwritten_progress` past which stale ones are dropped.
+const UNWRITTEN_PROGRESS_ENTRIES: usize = 4096;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -67,7 +73,39 @@ impl Context {
             failures: Mutex::default(),
             rescans: Mutex::default(),
             left_at: Mutex::default(),
+            unwritten_progress: Mutex::default(),
         }
+    }
+
+    /// How long a write of `key` that only reports progress may still wait: progress is
+    /// written together with what follows within `timings.mirror_delay` of it being
+    /// first seen (each write is a watch event every watch of its kind decodes). `None`:
+    /// write now (and the wait starts afresh with the next progress).
+    pub(crate) fn progress_wait(&self, key: &str) -> Option<Duration> {
+        let since = self.progress_seen(key);
+        let wait = pace(since, Instant::now(), self.config.timings.mirror_delay);
+        if wait.is_none() {
+            self.progress_written(key);
+        }
+        wait
+    }
+
+    /// When unwritten progress of `key` was first seen (now, if this is the first time
+    /// since it was last written).
+    fn progress_seen(&self, key: &str) -> Instant {
+        let mut seen = lock(&self.unwritten_progress);
+        // Requests deleted while their progress waited leave an entry behind; far more
+        // entries than requests in flight means such leftovers: drop the old ones.
+        if seen.len() > UNWRITTEN_PROGRESS_ENTRIES {
+            let stale = self.config.timings.mirror_delay.saturating_mul(10);
+            seen.retain(|_, since| since.elapsed() < stale);
+        }
+        *seen.entry(key.to_owned()).or_insert_with(Instant::now)
+    }
+
+    /// `key` was written: no progress of it is waiting.
+    pub(crate) fn progress_written(&self, key: &str) {
+        lock(&self.unwritten_progress).remove(key);
     }
 
     /// The delay before retrying `key` after one more consecutive failure: the base delay
@@ -157,8 +195,30 @@ impl Context {
     }
 }
 
+/// When progress first seen unwritten at `since` is written, seen again at `now`: at
+/// once when `delay` has passed since (`None`), else after what is left of it.
+fn pace(since: Instant, now: Instant, delay: Duration) -> Option<Duration> {
+    let due = since + delay;
+    (now < due).then(|| due - now)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn progress_is_written_when_the_delay_since_it_was_first_seen_passes() {
+        use super::pace;
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let d = Duration::from_secs(2);
+        assert_eq!(pace(t0, t0, d), Some(d));
+        assert_eq!(
+            pace(t0, t0 + Duration::from_millis(1500), d),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(pace(t0, t0 + d, d), None);
+        assert_eq!(pace(t0, t0 + Duration::from_secs(9), d), None);
+    }
+
     use super::*;
     use crate::config::ProviderSource;
     use crate::nodeops::{ExecOutput, NodeOpsError, PodRef};

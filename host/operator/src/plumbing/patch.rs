@@ -43,6 +43,10 @@ pub(crate) struct ResourceStatusPatch {
     pub(crate) device_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cdi_device_id: Option<String>,
+    /// The Ready condition the new state implies, written with it
+    /// (`conditions::with_ready_after`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) conditions: Option<Vec<Condition>>,
 }
 
 impl ResourceStatusPatch {
@@ -89,6 +93,10 @@ pub(crate) struct RequestStatusPatch {
     pub(crate) state: Option<RequestState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// The conditions as the new state implies them (the Ready condition in the same
+    /// write as the state).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) conditions: Option<Vec<Condition>>,
 }
 
 impl RequestStatusPatch {
@@ -97,6 +105,7 @@ impl RequestStatusPatch {
         Self {
             state: Some(state),
             error: Some(String::new()),
+            conditions: None,
         }
     }
 }

@@ -111,6 +111,7 @@ pub fn fast_timings() -> Timings {
         rescan_interval: Duration::from_secs(1),
         backoff_base: Duration::from_millis(100),
         backoff_max: Duration::from_secs(2),
+        mirror_delay: Duration::from_millis(300),
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use crate::base::base_config;
 use crate::limits::Limits;
 pub use scan::Shape;
 
@@ -151,7 +152,7 @@ pub(crate) fn check(shape: &Shape, limits: &Limits) -> Result<(), CompileError> 
 }
 
 /// Compiles with `compiler`; `max_memory_bytes` is the engine's (see
-/// `crate::engine::compile_config`).
+/// [`compile_config`]).
 pub(crate) fn compile(
     compiler: &Compiler,
     engine: &Engine,
@@ -164,6 +165,18 @@ pub(crate) fn compile(
             .map_err(|e| CompileError::Invalid(crate::base::error_chain(&e))),
         Compiler::Worker(exe) => worker::compile(exe, engine, max_memory_bytes, bytes, bounds),
     }
+}
+
+/// Every setting that shapes compiled code, and nothing else: a compile worker
+/// ([`worker`]) builds its engine from this alone, and its output maps into the runtime's
+/// engine (`crate::engine`) only if the two agree (wasmtime checks). Here rather than in
+/// `crate::engine`, which uses this module: the worker needs it without the engine.
+pub(crate) fn compile_config(max_memory_bytes: u64) -> wasmtime::Config {
+    let mut config = base_config();
+    config
+        .epoch_interruption(true)
+        .memory_reservation(max_memory_bytes);
+    config
 }
 
 #[cfg(test)]

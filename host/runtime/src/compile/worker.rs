@@ -72,7 +72,7 @@ fn worker_main(max_memory_bytes: Option<&OsStr>) -> ExitCode {
         eprintln!("cannot read the component: {e}");
         return ExitCode::from(EXIT_USAGE as u8);
     }
-    let compiled = Engine::new(&crate::engine::compile_config(max_memory_bytes))
+    let compiled = Engine::new(&crate::compile::compile_config(max_memory_bytes))
         .and_then(|engine| engine.precompile_component(&bytes));
     match compiled {
         Ok(code) => match io::stdout().lock().write_all(&code) {

@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::mirror::{Entries, entry_of};
-use super::{Next, resources_of, status_of};
+use super::{Next, fold_ready, resources_of, set_state, status_of};
 use crate::decide::allocation;
 use crate::decide::views;
 use crate::error::ReconcileError;
@@ -29,12 +29,22 @@ pub(super) async fn allocate(
     let nodes = nodes(ctx).await?;
     let objects = resources_of(ctx, &req).await?;
     let others = samenode_requests(ctx, &api).await?;
-    let plan = allocation::plan(
+    let plan = match allocation::plan(
         &views::request_view(&spec),
         &objects.iter().map(views::resource_view).collect::<Vec<_>>(),
         &views::node_views(&nodes),
         &views::samenode_nodes_of_others(&name, &others),
-    )?;
+    ) {
+        Ok(plan) => plan,
+        // A request that cannot be planned says so in NodeAllocating (with the error),
+        // the state a new request skips when its plan succeeds at once.
+        Err(e) => {
+            if req.state() != RequestState::NodeAllocating {
+                set_state(ctx, &req, RequestState::NodeAllocating).await?;
+            }
+            return Err(e.into());
+        }
+    };
     let entries = planned_entries(&plan, &objects, &spec);
 
     let old = status_of(&req);
@@ -43,6 +53,7 @@ pub(super) async fn allocate(
     new.error = String::new();
     new.resources = entries;
     new.scalar_resource = Some(spec);
+    fold_ready(&req, &mut new, None);
     let req = patch::replace_status(&api, &req, &old, &new).await?;
     announce(ctx, &req, &plan).await;
     Ok(Next::Converge(req))

@@ -6,10 +6,10 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::mirror::entry_of;
-use super::{Outcome, resources_of, set_state, status_of};
+use super::{Outcome, paced, resources_of, set_state, status_of};
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
-use crate::plumbing::reconcile::Step;
+use crate::plumbing::reconcile::{self, Step};
 
 pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outcome {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
@@ -31,8 +31,11 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
         patch::delete(&resources, &obj.name_any()).await?;
     }
     if objects.is_empty() {
-        let req = set_state(ctx, &req, RequestState::Deleting).await?;
+        // Straight to the finalizer's removal: a `Deleting` state written first would be
+        // seen for milliseconds, one more write per request (one a Go operator left in
+        // `Deleting` is finished above).
         patch::remove_finalizer(&api, &req).await?;
+        ctx.progress_written(&reconcile::object_key(&req));
         return Ok((Step::wait(), None));
     }
 
@@ -42,11 +45,18 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
         .iter()
         .map(|o| (o.name_any(), entry_of(o)))
         .collect();
-    let req = if new != old {
-        patch::replace_status(&api, &req, &old, &new).await?
-    } else {
+    // While Cleaning, every change of the mirror is progress (devices detaching and
+    // going): written together, within `timings.mirror_delay` (super::paced).
+    let mut requeue = ctx.config.timings.health_period;
+    let req = if new == old {
         req
+    } else if let Some(wait) = paced(ctx, &req, true) {
+        requeue = requeue.min(wait);
+        req
+    } else {
+        patch::replace_status(&api, &req, &old, &new).await?
     };
-    // The resources' deletion wakes the request; the requeue only guards a lost watch.
-    Ok((Step::requeue(ctx.config.timings.health_period), Some(req)))
+    // The resources' deletion wakes the request; the requeue only guards a lost watch,
+    // or writes progress that waited.
+    Ok((Step::requeue(requeue), Some(req)))
 }

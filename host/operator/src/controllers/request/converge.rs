@@ -12,8 +12,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::mirror::{Entries, mirrored, summary};
-use super::{Next, resources_of, set_state, spec_changed, status_of};
+use super::mirror::{Entries, mirrored, only_progress, summary};
+use super::{Next, fold_ready, paced, resources_of, set_state, spec_changed, status_of};
+use crate::controllers::resource::node_exists;
 use crate::error::ReconcileError;
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
@@ -60,14 +61,37 @@ pub(super) async fn converge(
     new.resources = entries;
     new.state = state;
     new.error = error.clone();
-    let req = write_status(ctx, req, &old, &new).await?;
-    // Resource changes wake the request; the requeue only guards against a lost watch.
+    fold_ready(&req, &mut new, not_ready);
+    // Resource changes wake the request; the requeue only guards against a lost watch,
+    // or writes progress that waited.
+    let mut requeue = ctx.config.timings.health_period;
+    let req = match progress_wait(ctx, &req, &old, &new) {
+        Some(wait) => {
+            requeue = requeue.min(wait);
+            req
+        }
+        None => write_status(ctx, req, &old, &new).await?,
+    };
     Ok(Next::Done(
-        Step::requeue(ctx.config.timings.health_period)
+        Step::requeue(requeue)
             .with_error(error)
             .not_ready(not_ready),
         Some(req),
     ))
+}
+
+/// How long the write of `new` waits, if it may: only progress of the request's devices
+/// waits (see [`super::paced`]); its state and error are never late.
+fn progress_wait(
+    ctx: &Context,
+    req: &ComposabilityRequest,
+    old: &ComposabilityRequestStatus,
+    new: &ComposabilityRequestStatus,
+) -> Option<std::time::Duration> {
+    if new == old {
+        return None;
+    }
+    paced(ctx, req, only_progress(old, new))
 }
 
 /// Creates the planned ComposableResources that do not exist yet; `false` when one that
@@ -85,6 +109,13 @@ async fn create_missing(
         }
         if entry.state != ResourceState::Empty {
             tracing::info!(resource = %entry_name, "resource vanished: allocating again");
+            return Ok(false);
+        }
+        // Never created, or created and gone before its first state was mirrored (that
+        // mirror may wait, see `progress_wait`): made (again) where planned, unless the
+        // node is gone, which only a new plan can answer.
+        if !node_exists(ctx, &entry.node_name).await? {
+            tracing::info!(resource = %entry_name, node = %entry.node_name, "planned node is gone: allocating again");
             return Ok(false);
         }
         let Some(spec) = old.scalar_resource.as_ref() else {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use cro_api::{ComposableResource, ScalarResourceStatus};
+use cro_api::{ComposabilityRequestStatus, ComposableResource, ScalarResourceStatus};
 use kube::ResourceExt;
 
 pub(crate) type Entries = BTreeMap<String, ScalarResourceStatus>;
@@ -31,6 +31,28 @@ pub(crate) fn mirrored(wanted: &Entries, objects: &[ComposableResource]) -> Entr
             (name.clone(), fresh)
         })
         .collect()
+}
+
+/// Whether `new` differs from `old` only by progress of its devices a user can wait for:
+/// the same request state, error, conditions and devices, none of them gaining or losing
+/// an error.
+/// Such a change may be written late, together with the next (`Context::progress_wait`); anything else
+/// is written at once. A device's first state may be late too: a resource whose entry
+/// still says Empty and whose object is gone is then made again on its node, or the
+/// request is planned again when the node is gone (`converge::create_missing`).
+pub(crate) fn only_progress(
+    old: &ComposabilityRequestStatus,
+    new: &ComposabilityRequestStatus,
+) -> bool {
+    old.state == new.state
+        && old.error == new.error
+        && old.conditions == new.conditions
+        && old.resources.len() == new.resources.len()
+        && old.resources.iter().all(|(name, was)| {
+            new.resources
+                .get(name)
+                .is_some_and(|now| was.error.is_empty() == now.error.is_empty())
+        })
 }
 
 /// Longest part of one resource's error in a request's summary.
@@ -110,6 +132,53 @@ mod tests {
             summary(&entries),
             "2 of 3 devices failing: gpu-b (w1, Attaching): exec failed; gpu-c (w2, Online): not found: GPU-9"
         );
+    }
+
+    fn status(
+        state: cro_api::RequestState,
+        entries: &[(&str, ScalarResourceStatus)],
+    ) -> ComposabilityRequestStatus {
+        ComposabilityRequestStatus {
+            state,
+            resources: entries
+                .iter()
+                .map(|(n, e)| (n.to_string(), e.clone()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn device_progress_may_wait_but_not_a_state_or_an_error() {
+        use cro_api::RequestState::{Running, Updating};
+        let attaching = entry(ResourceState::Attaching, "w1", "");
+        let online = entry(ResourceState::Online, "w1", "");
+        let new = entry(ResourceState::Empty, "w1", "");
+        let failing = entry(ResourceState::Attaching, "w1", "exec failed");
+        let old = status(
+            Updating,
+            &[("a", attaching.clone()), ("b", attaching.clone())],
+        );
+        let progress = status(Updating, &[("a", online.clone()), ("b", attaching.clone())]);
+        assert!(only_progress(&old, &progress));
+        // The request's state changes: at once.
+        let running = status(Running, &[("a", online.clone()), ("b", online.clone())]);
+        assert!(!only_progress(&old, &running));
+        // A device gains an error (the request's error changes with it): at once.
+        let mut broken = status(
+            Updating,
+            &[("a", failing.clone()), ("b", attaching.clone())],
+        );
+        assert!(!only_progress(&old, &broken));
+        broken.error = old.error.clone();
+        assert!(!only_progress(&old, &broken), "an entry's own error too");
+        // A device seen for the first time: progress too.
+        let unseen = status(Updating, &[("a", new.clone()), ("b", attaching.clone())]);
+        assert!(only_progress(&unseen, &old));
+        // A device added or dropped: at once.
+        let more = status(Updating, &[("a", attaching.clone())]);
+        assert!(!only_progress(&old, &more));
+        assert!(!only_progress(&more, &old));
     }
 
     #[test]

@@ -83,6 +83,43 @@ where
     }
 }
 
+/// `new` with the Ready condition the reconciliation's report will find it implies
+/// (`reconcile::report_success`), so that a state and its condition are one write, not
+/// two, and the report finds nothing left to write.
+pub(super) fn fold_ready(
+    req: &ComposabilityRequest,
+    new: &mut ComposabilityRequestStatus,
+    not_ready: Option<&'static str>,
+) {
+    let mut preview = req.clone();
+    preview.status = Some(new.clone());
+    let now = k8s_openapi::jiff::Timestamp::now();
+    if let Some(conditions) =
+        crate::plumbing::conditions::report_patch(&preview, &new.error, not_ready, now)
+            .and_then(|report| report.conditions)
+    {
+        new.conditions = conditions;
+    }
+}
+
+/// How long a write of the request's status that is only `progress` of its devices may
+/// wait: progress is written together with what follows within `timings.mirror_delay`
+/// of it being first seen (each write is a watch event every watch of requests decodes:
+/// the mirror of every device state was a third of a request's writes). Anything else
+/// (`progress` false) is written at once, and takes the waiting progress with it.
+pub(super) fn paced(
+    ctx: &Context,
+    req: &ComposabilityRequest,
+    progress: bool,
+) -> Option<std::time::Duration> {
+    let key = reconcile::object_key(req);
+    if !progress {
+        ctx.progress_written(&key);
+        return None;
+    }
+    ctx.progress_wait(&key)
+}
+
 pub(crate) fn status_of(r: &ComposabilityRequest) -> ComposabilityRequestStatus {
     r.status.clone().unwrap_or_default()
 }
@@ -125,14 +162,24 @@ pub(crate) async fn resources_of(
     Ok(api.list(&params).await?.items)
 }
 
-/// Writes a new state (and clears the error), guarded by the version read.
+/// Writes a new state (and clears the error) with the Ready condition it implies (one
+/// write, not two: see [`fold_ready`]), guarded by the version read.
 pub(crate) async fn set_state(
     ctx: &Context,
     req: &ComposabilityRequest,
     state: RequestState,
 ) -> Result<ComposabilityRequest, ReconcileError> {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
-    patch::status(&api, req, &patch::RequestStatusPatch::state(state), true).await
+    let mut new = status_of(req);
+    new.state = state.clone();
+    new.error = String::new();
+    let before = new.conditions.clone();
+    fold_ready(req, &mut new, None);
+    let mut update = patch::RequestStatusPatch::state(state);
+    if new.conditions != before {
+        update.conditions = Some(new.conditions);
+    }
+    patch::status(&api, req, &update, true).await
 }
 
 async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
@@ -150,7 +197,7 @@ async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
             .unwrap_or_default();
         return Ok((step.with_error(error), latest));
     }
-    let mut req = patch::add_finalizer(&api, &req).await?;
+    let req = patch::add_finalizer(&api, &req).await?;
     if let Some(target) = req.spec.resource.target_node()
         && !node_exists(ctx, target).await?
     {
@@ -171,11 +218,10 @@ async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
         RequestState::NodeAllocating => Next::Allocate(req),
         RequestState::Updating | RequestState::Running => Next::Converge(req),
         // New, or a state that only deletion explains (the deletion was undone) or that
-        // this version does not know: plan from scratch.
-        _ => {
-            req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
-            Next::Allocate(req)
-        }
+        // this version does not know: plan from scratch. `NodeAllocating` is written only
+        // if the plan fails (allocate): a plan that succeeds goes to `Updating` in one
+        // write instead of two.
+        _ => Next::Allocate(req),
     };
     drive(first, ctx.config.timings.poll_interval, |next| async move {
         match next {

@@ -44,7 +44,10 @@ struct Wait {
 }
 
 /// Writes the wait into the Ready condition (not `status.error`: nothing failed), unless
-/// it says so already; logged when it changes.
+/// it says so already or has lasted less than `timings.mirror_delay`: most waits (a
+/// driver pod turning Ready, the device plugin listing the GPU) end sooner, and each
+/// write is a watch event (a node's first GPU wrote two). Until then the condition says
+/// `Attaching`. Logged when it changes.
 async fn report_wait(
     ctx: &Context,
     res: ComposableResource,
@@ -55,9 +58,18 @@ async fn report_wait(
         tracing::debug!(reason = wait.reason, "{}", wait.message);
         return Ok(res);
     };
+    if ctx.progress_wait(&wait_key(&res)).is_some() {
+        tracing::debug!(reason = wait.reason, "{}", wait.message);
+        return Ok(res);
+    }
     tracing::info!(reason = wait.reason, "{}", wait.message);
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     patch::status(&api, &res, &update, false).await
+}
+
+/// The key of `res`'s unwritten wait in `Context::progress_wait`.
+fn wait_key(res: &ComposableResource) -> String {
+    format!("wait/{}", res.name_any())
 }
 
 /// The node's GPU driver, for a GPU (`None` for anything else). A GPU without a driver
@@ -209,26 +221,18 @@ async fn online(ctx: &Context, res: ComposableResource) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
     let node = res.spec.target_node.clone();
-    let res = patch::status(
-        &api,
+    let online = conditions::with_ready_after(
         &res,
-        &ResourceStatusPatch::state(ResourceState::Online),
-        true,
-    )
-    .await?;
+        ResourceStatusPatch::state(ResourceState::Online),
+        Timestamp::now(),
+    );
+    let res = patch::status(&api, &res, &online, true).await?;
     ctx.forget_rescan(&name);
-    tracing::info!(node = %node, device = res.device_id().unwrap_or("?"), "online");
-    ctx.event(
-        &res.object_ref(&()),
-        EventType::Normal,
-        "Online",
-        "Attach",
-        format!(
-            "device {} is online on node {node}",
-            res.device_id().unwrap_or("?")
-        ),
-    )
-    .await;
+    ctx.progress_written(&wait_key(&res));
+    // No Event: one per device per phase. `Attached` named the device and its ids, and
+    // the request's `Running` says when all its devices are online; the state and the
+    // Ready condition say it of this one (docs/BENCHMARKS.md, the write budget).
+    tracing::info!(node = %node, device = ?res.device_id().unwrap_or("?"), "online");
     Ok((Step::requeue(ctx.config.timings.health_period), Some(res)))
 }
 

@@ -50,20 +50,11 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
             true,
         )
         .await?;
+        // No Event: one per device per phase, and `Detached` (or a warning on the way,
+        // `GpuBusy`, `NodeCommandFailed`) says what this one would (docs/BENCHMARKS.md,
+        // the write budget).
         tracing::info!(node = %res.spec.target_node,
-            device = res.device_id().unwrap_or("?"), "detaching");
-        ctx.event(
-            &res.object_ref(&()),
-            EventType::Normal,
-            "Detaching",
-            "Detach",
-            format!(
-                "detaching device {} from node {}",
-                res.device_id().unwrap_or("?"),
-                res.spec.target_node
-            ),
-        )
-        .await;
+            device = ?res.device_id().unwrap_or("?"), "detaching");
         res
     };
     detaching(res, ctx).await

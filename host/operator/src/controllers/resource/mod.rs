@@ -15,6 +15,7 @@ use std::sync::Arc;
 use cro_api::{ComposableResource, CroObjectExt, ResourceState};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -107,13 +108,12 @@ async fn start(res: ComposableResource, ctx: &Context) -> Outcome {
         .await?;
         return online(res, ctx).await;
     }
-    let res = patch::status(
-        &api,
+    let attaching = conditions::with_ready_after(
         &res,
-        &ResourceStatusPatch::state(ResourceState::Attaching),
-        true,
-    )
-    .await?;
+        ResourceStatusPatch::state(ResourceState::Attaching),
+        Timestamp::now(),
+    );
+    let res = patch::status(&api, &res, &attaching, true).await?;
     attach::attaching(res, ctx).await
 }
 
