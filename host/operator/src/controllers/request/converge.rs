@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 
 use super::mirror::{Entries, mirrored, only_progress, summary};
 use super::{Next, fold_ready, paced, resources_of, set_state, spec_changed, status_of};
-use crate::controllers::resource::node_exists;
+use crate::controllers::resource::{node_exists, records_at_creation};
 use crate::error::ReconcileError;
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
@@ -137,6 +137,9 @@ async fn create_missing(
             req.name_any(),
         )]));
         obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        // Its first attach then writes no annotations (adopt: the records).
+        let node = ctx.caches.node(&entry.node_name);
+        obj.metadata.annotations = Some(records_at_creation(node.as_deref()));
         match resources.create(&PostParams::default(), &obj).await {
             Ok(_) => {
                 tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");

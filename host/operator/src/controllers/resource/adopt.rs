@@ -13,6 +13,13 @@
 //! request in its own memory, which lives as long as this process: the record names
 //! the process, so after a restart the next attempt looks first as well.
 //!
+//! The request controller creates each resource with the record already set (and the
+//! node's machine noted, [`records_at_creation`]): no attach has been asked for yet, and
+//! this process remembers which resources it has asked the fabric for
+//! ([`ASKED`]), so the first attempt needs neither a write nor a look. Another process
+//! (a restart, another replica) finds the record naming a process other than itself and
+//! looks first, as after any unknown outcome.
+//!
 //! The record is written only when its value changes (it carries no timestamp): every
 //! write is a watch event that reconciles the resource again at once, so a record
 //! toggled on each retry would defeat the retry backoff. It therefore stays "unknown"
@@ -21,14 +28,15 @@
 //!
 //! See docs/differences-from-go.md, "Fabric path" (the Go operator asked the fabric again).
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::LazyLock;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use cro_api::{ComposableResource, CroObjectExt};
 use cro_runtime::CallError;
 use cro_runtime::domain::{
     self, AddOutcome, AttachedDevice, DeviceInfo, DeviceType, ProviderError,
 };
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use serde::{Deserialize, Serialize};
@@ -37,6 +45,7 @@ use serde_json::json;
 use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch::FIELD_MANAGER;
+use crate::provider::node_machine::{ANNOTATION_NODE_MACHINE, NodeMachine};
 use crate::provider::{
     NodeGuard, Operation, ProviderResult, add_request, claims, device_type, to_domain,
 };
@@ -46,6 +55,42 @@ pub const ANNOTATION_ATTACH_ATTEMPT: &str = "cro.hpsys.ibm.ie.com/attach-attempt
 
 /// This operator process; the provider's memory of requests in progress ends with it.
 static PROCESS: LazyLock<String> = LazyLock::new(|| uuid::Uuid::new_v4().to_string());
+
+/// The resources this process has asked the fabric to attach a device for and whose ids
+/// are not stored yet: while a resource's record names this process, an unknown outcome
+/// can only come from one of these asks. Bounded by the resources in flight (an entry
+/// goes when the ids are stored, [`settled`]).
+static ASKED: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+
+fn asked(resource: &str) -> bool {
+    ASKED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(resource)
+}
+
+fn note_asked(resource: &str, asked: bool) {
+    let mut set = ASKED.lock().unwrap_or_else(PoisonError::into_inner);
+    if asked {
+        set.insert(resource.to_owned());
+    } else {
+        set.remove(resource);
+    }
+}
+
+/// The annotations a new resource is created with, so that its first attach writes none:
+/// the attempt record of this process (no attach asked for yet) and, when known, the
+/// machine of its target node `node` (what [`add`] would otherwise write first).
+pub(crate) fn records_at_creation(node: Option<&Node>) -> BTreeMap<String, String> {
+    let mut records = BTreeMap::new();
+    if let Ok(record) = serde_json::to_string(&Attempt::here(Known::Unknown)) {
+        records.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), record);
+    }
+    if let Some(machine) = node.and_then(NodeMachine::of_node) {
+        records.insert(ANNOTATION_NODE_MACHINE.to_owned(), machine.to_annotation());
+    }
+    records
+}
 
 /// What is known of the last attach call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,11 +127,13 @@ pub(crate) fn recorded(res: &ComposableResource) -> Option<Attempt> {
     }))
 }
 
-/// Whether the next attach must first look for a device the last one may have left.
-pub(crate) fn must_look_first(attempt: Option<&Attempt>, process: &str) -> bool {
+/// Whether the next attach must first look for a device the last one may have left:
+/// the record names another process (its asks are unknown here), or its outcome is
+/// unknown and this process has `asked` the fabric already.
+pub(crate) fn must_look_first(attempt: Option<&Attempt>, process: &str, asked: bool) -> bool {
     match attempt {
         None => false,
-        Some(a) => a.outcome == Known::Unknown || a.process != process,
+        Some(a) => a.process != process || (a.outcome == Known::Unknown && asked),
     }
 }
 
@@ -214,7 +261,7 @@ pub(crate) async fn add(
     // What the node's resources hold, for the provider to tell its device from another's.
     let held = ctx.caches.node_resources(&ctx.client, res).await?;
     let claims = claims(held.iter().map(AsRef::as_ref));
-    if must_look_first(attempt.as_ref(), &PROCESS) {
+    if must_look_first(attempt.as_ref(), &PROCESS, asked(&name)) {
         let devices = ctx
             .provider
             .list(&claims)
@@ -241,6 +288,7 @@ pub(crate) async fn add(
     };
     write(&api, res, record, note).await?;
 
+    note_asked(&name, true);
     let result = ctx.provider.add(guard, &add_request(res, claims)).await;
     match &result {
         Ok(AddOutcome::InProgress(_)) => write(&api, res, Record::Set(&tracked), None).await?,
@@ -278,6 +326,7 @@ pub(crate) async fn settled(
     res: &mut ComposableResource,
     note: Note<'_>,
 ) {
+    note_asked(&res.name_any(), false);
     let record = if recorded(res).is_some() {
         Record::Remove
     } else {
@@ -323,10 +372,32 @@ mod tests {
             process: process.into(),
             outcome,
         };
-        assert!(!must_look_first(None, "p1"));
-        assert!(must_look_first(Some(&at("p1", Known::Unknown)), "p1"));
-        assert!(!must_look_first(Some(&at("p1", Known::InProgress)), "p1"));
-        assert!(must_look_first(Some(&at("p0", Known::InProgress)), "p1"));
+        for asked in [false, true] {
+            assert!(!must_look_first(None, "p1", asked));
+            assert!(!must_look_first(
+                Some(&at("p1", Known::InProgress)),
+                "p1",
+                asked
+            ));
+            assert!(must_look_first(
+                Some(&at("p0", Known::InProgress)),
+                "p1",
+                asked
+            ));
+            assert!(must_look_first(
+                Some(&at("p0", Known::Unknown)),
+                "p1",
+                asked
+            ));
+        }
+        // This process's record: unknown only once this process has asked the fabric
+        // (the record a resource is created with, before any ask, needs no look).
+        assert!(must_look_first(Some(&at("p1", Known::Unknown)), "p1", true));
+        assert!(!must_look_first(
+            Some(&at("p1", Known::Unknown)),
+            "p1",
+            false
+        ));
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::provider::to_domain;
 
 pub use adopt::ANNOTATION_ATTACH_ATTEMPT;
 pub(crate) use adopt::awaiting_adoption;
+pub(crate) use adopt::records_at_creation;
 
 pub(crate) const CONTROLLER: &str = "composableresource";
 
