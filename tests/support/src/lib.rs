@@ -64,7 +64,7 @@ pub fn try_example_component(package: &str, example: &str) -> Result<PathBuf, St
     )
 }
 
-/// The workspace's `[profile.component]`: stripped and size-optimised, as components ship.
+/// The workspace's `[profile.component]`: stripped and optimised (LTO), as components ship.
 const PROFILE: &str = "component";
 
 fn wasm_release_dir() -> PathBuf {
