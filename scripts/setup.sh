@@ -98,6 +98,26 @@ ensure_componentize_py() {
   export COMPONENTIZE_PY
 }
 
+# componentize-js builds JavaScript providers (the `cro provider new --lang javascript`
+# template, certified by host/cli/tests/templates). A pinned npm package (StarlingMonkey
+# inside) installed under ~/.cache/cro/tools, keyed by the version; a scaffold's
+# node_modules may point at it. Exports COMPONENTIZE_JS_MODULES (that node_modules).
+COMPONENTIZE_JS_VERSION=0.23.0
+ensure_componentize_js() {
+  local dir="$HOME/.cache/cro/tools/componentize-js-$COMPONENTIZE_JS_VERSION"
+  if [[ ! -f "$dir/.complete" ]]; then
+    command -v npm >/dev/null || { say "npm is missing (needed for componentize-js)"; exit 1; }
+    say "installing componentize-js $COMPONENTIZE_JS_VERSION into $dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    (cd "$dir" && npm install --no-audit --no-fund --silent \
+      "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION")
+    touch "$dir/.complete"
+  fi
+  COMPONENTIZE_JS_MODULES="$dir/node_modules"
+  export COMPONENTIZE_JS_MODULES
+}
+
 # DMTF's Redfish Protocol Validator (PyPI), run by simulators/redfish/validate.sh against
 # the Redfish simulator. It needs no schema files, so it runs offline. Installed in a venv
 # under ~/.cache/cro/tools, keyed by its version.

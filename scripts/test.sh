@@ -47,6 +47,8 @@ CARGO_TARGET_DIR="$ROOT/target/wasm" cargo clippy --profile component --locked -
 step "Python example provider (componentize-py)"
 t0=$(date +%s)
 build_python_example
+# The provider templates' test builds a JavaScript and a Python provider.
+ensure_componentize_js
 echo "Python example provider ready in $(( $(date +%s) - t0 )) s"
 
 step "Redfish simulator against DMTF's protocol validator"

@@ -69,13 +69,21 @@ pub enum ProviderCommand {
     /// --grant http=https://127.0.0.1:8443,ca=ca.pem --grant lookup=v1/Node
     /// --node worker-0=fsas-cdi://MACHINE --name gpu-1 --model "A100 40G" --target-node worker-0`
     Call(Box<provider::CallArgs>),
-    /// Run the conformance suite on a provider: against the simulator of its fabric
-    /// (chosen from its describe(), or `--fabric`), or a vendor's lab fabric with
+    /// Run the conformance suite on a provider: against cro's simulator of its fabric
+    /// (chosen from its describe(), or `--fabric`), any fabric's simulator that speaks
+    /// the control protocol (`--fabric-sim URL`), or a vendor's lab fabric with
     /// `--endpoint` (non-destructive unless `--allow-attach`). One line per check, a
     /// summary, `--junit`/`--json` reports; exits non-zero when a check fails.
     Test(Box<provider::TestArgs>),
-    /// Scaffold a Rust provider on the SDK (Cargo.toml, src/lib.rs with unit tests, a
-    /// README with the build command) that passes `cro provider test` as generated.
+    /// Serve one of cro's simulated fabrics with the control protocol
+    /// (docs/fabric-sim-protocol.md) until interrupted, printing its base URL: what
+    /// `cro provider test --fabric-sim URL` drives, and a working example of the protocol
+    /// for a vendor writing a simulator of its own fabric.
+    Sim(provider::SimArgs),
+    /// Scaffold a provider that passes `cro provider test` as generated: for a generic
+    /// REST fabric (the default), with that fabric's reference simulator
+    /// (`fabric_sim.py`, speaking the control protocol), in Rust on the SDK, Python or
+    /// JavaScript (`--lang`); or for FTI in Rust (`--template fti`).
     New(scaffold::NewArgs),
 }
 
@@ -92,6 +100,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Provider(ProviderCommand::Inspect(args)) => inspect::inspect_command(&args),
         Command::Provider(ProviderCommand::Call(args)) => provider::call_command(&args),
         Command::Provider(ProviderCommand::Test(args)) => provider::test_command(&args),
+        Command::Provider(ProviderCommand::Sim(args)) => provider::sim_command(&args),
         Command::Provider(ProviderCommand::New(args)) => scaffold::new_command(&args),
     }
 }

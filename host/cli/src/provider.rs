@@ -134,6 +134,10 @@ pub struct TestArgs {
     /// supports both is certified with one run each.
     #[arg(long, value_name = "fm|cm", conflicts_with = "endpoint")]
     pub fti_api: Option<String>,
+    /// Any fabric's simulator that speaks the control protocol (docs/fabric-sim-protocol.md),
+    /// at this base URL: the full suite runs against it, judged by its oracle.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["endpoint", "fabric", "fti_api"])]
+    pub fabric_sim: Option<String>,
     /// A vendor's own fabric instead of a simulator: only non-destructive checks run
     /// unless `--allow-attach`. The spec comes from `--spec` or `--config`/`--grant`
     /// (`endpoint` is configured to this URL unless set).
@@ -705,6 +709,7 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
         opts.call_timeout_ms = ms;
     }
     opts.deadline_ms = args.deadline_ms;
+    opts.fabric_sim = args.fabric_sim.clone();
     let rt = tokio()?;
     let report = match &args.endpoint {
         None => {
@@ -751,6 +756,44 @@ pub fn test_command(args: &TestArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// The fabric to simulate.
+    #[arg(long, value_name = "fti|redfish|nec", default_value = "fti")]
+    pub fabric: String,
+    /// For FTI: the API a provider is configured for.
+    #[arg(long, value_name = "fm|cm", default_value = "fm")]
+    pub fti_api: String,
+    /// The loopback port of the control protocol (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+}
+
+/// `cro provider sim`: a built-in simulator behind the control protocol.
+pub fn sim_command(args: &SimArgs) -> anyhow::Result<ExitCode> {
+    let kind = FabricKind::parse(&args.fabric).with_context(|| {
+        format!(
+            "--fabric must be fti, redfish or nec, not {:?}",
+            args.fabric
+        )
+    })?;
+    let api = FtiApi::parse(&args.fti_api)
+        .with_context(|| format!("--fti-api must be fm or cm, not {:?}", args.fti_api))?;
+    let server = cro_conformance::control::ControlServer::start(
+        cro_conformance::control::serve::factory(kind, api),
+        args.port,
+    )?;
+    println!("control protocol at {}", server.url());
+    println!(
+        "test a provider: cro provider test COMPONENT --fabric-sim {}",
+        server.url()
+    );
+    std::io::Write::flush(&mut std::io::stdout())?;
+    tokio()?.block_on(tokio::signal::ctrl_c())?;
+    drop(server);
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `cro provider inspect` on real files.
 
 mod compile_bounds;
+mod templates;
 
 use std::process::{Command, Output};
 
@@ -481,7 +482,7 @@ fn provider_test_reports_and_exits_by_the_result() {
     let (ok, _, stderr) = cro_str(&["provider", "test", testkit.to_str().unwrap()]);
     assert!(!ok);
     assert!(
-        stderr.contains("pass --fabric fti or --fabric redfish"),
+        stderr.contains("--fabric-sim URL for a simulator of its own fabric"),
         "{stderr}"
     );
 }
@@ -560,8 +561,7 @@ fn guide_commands() -> Vec<String> {
 }
 
 /// Follows docs/vendors.md literally: scaffold, unit tests, build, conformance report.
-/// Builds reuse the workspace's wasm target dir (its dependencies are built there) and
-/// resolve offline from the local registry cache.
+/// Builds resolve offline from the local registry cache.
 #[test]
 fn the_vendor_guide_runs_as_written() {
     let commands = guide_commands();
@@ -583,14 +583,22 @@ fn the_vendor_guide_runs_as_written() {
     )
     .unwrap();
     // One shell runs them all (the guide's `cd` carries over), stopping at the first
-    // failure, with each command echoed so a failure shows where it happened.
-    let script = format!("set -euxo pipefail\n{}\n", commands.join("\n"));
+    // failure, with each command echoed so a failure shows where it happened; a
+    // simulator the guide started in the background is stopped however the shell ends
+    // (it would hold the output pipes open).
+    let script = format!(
+        "set -euxo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{}\n",
+        commands.join("\n")
+    );
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(&script)
         .current_dir(work.path())
         .env("PATH", path)
-        .env("CARGO_TARGET_DIR", cro_test_support::wasm_target_dir())
+        // A target of its own: cargo keys a path package's build by its path relative
+        // to its workspace, so an `acme-gpu` built from another directory (an earlier
+        // run, another template) would count as fresh in a shared one.
+        .env("CARGO_TARGET_DIR", work.path().join("target"))
         .env("CARGO_NET_OFFLINE", "true")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -82,6 +82,7 @@ fn attached_verdict(t: &Target, d: &AttachedDevice) -> Verdict {
 pub(crate) async fn healthy(run: &mut Run, t: &Target, dev1: &AttachedDevice) -> Verdict {
     let held1 = with_device(&t.r1, dev1);
     let before = t.fabric.attached(&t.machine);
+    let since = last_seq(t);
     for i in 1..=3 {
         if let Err(e) = run.check(&held1).await {
             return fail(format!(
@@ -92,7 +93,33 @@ pub(crate) async fn healthy(run: &mut Run, t: &Target, dev1: &AttachedDevice) ->
     if t.fabric.attached(&t.machine) != before {
         return fail("checking changed what the fabric has attached");
     }
+    if let Some(why) = changed_since(t, since) {
+        return fail(format!("checking {why}"));
+    }
     pass("healthy three times in a row; the fabric unchanged")
+}
+
+/// The newest request the fabric has received.
+fn last_seq(t: &Target) -> u64 {
+    t.fabric.received().last().map_or(0, |c| c.seq)
+}
+
+/// Whether a request after `since` asked the fabric to attach or detach: what a read
+/// must never do, even when it puts things back as they were.
+fn changed_since(t: &Target, since: u64) -> Option<String> {
+    let calls = t.fabric.received();
+    let changing: Vec<String> = calls
+        .iter()
+        .filter(|c| c.seq > since && c.changes)
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    (!changing.is_empty()).then(|| {
+        format!(
+            "sent the fabric {} request(s) that attach or detach: {}",
+            changing.len(),
+            changing.join(", ")
+        )
+    })
 }
 
 /// `check-warning`: a degraded device is reported as `warning`.
@@ -118,7 +145,12 @@ pub(crate) async fn warning(run: &mut Run, t: &Target, dev1: &AttachedDevice) ->
 pub(crate) async fn listed(run: &mut Run, t: &Target, dev1: &AttachedDevice) -> Verdict {
     let r1 = &t.r1;
     let claim1 = claim(r1, dev1);
-    match run.list(std::slice::from_ref(&claim1)).await {
+    let since = last_seq(t);
+    let listed = run.list(std::slice::from_ref(&claim1)).await;
+    if let Some(why) = changed_since(t, since) {
+        return fail(format!("listing {why}"));
+    }
+    match listed {
         Err(e) => fail(format!("get-resources failed: {e}")),
         Ok(devices) => {
             match devices.iter().find(|d| {

@@ -6,30 +6,19 @@ use std::collections::BTreeMap;
 
 use cro_runtime::{CallError, Claim, ProviderError, ProviderInfo};
 
-use crate::fabric::FabricKind;
 use crate::report::Status;
 use crate::run::{Run, Subject, Verdict, fail, pass, skip, who};
 use crate::trace::UseRecord;
 
-pub(crate) fn describe_verdict(
-    info: Option<&ProviderInfo>,
-    given: bool,
-    kind: FabricKind,
-) -> Verdict {
+/// `fabric`: the fabric the suite ran against; `how`: how it was chosen.
+pub(crate) fn describe_verdict(info: Option<&ProviderInfo>, fabric: &str, how: &str) -> Verdict {
     match info {
         None => skip("contract 0.1.0 has no describe()"),
         Some(i) if i.devices.is_empty() => fail(format!("{} declares no device kinds", who(i))),
         Some(i) if i.name.trim().is_empty() || i.vendor.trim().is_empty() => {
             fail("describe() must name the provider and its vendor")
         }
-        Some(i) => {
-            let how = if given {
-                "given with --fabric"
-            } else {
-                "chosen from describe()"
-            };
-            pass(format!("{}; fabric {} ({how})", who(i), kind.as_str()))
-        }
+        Some(i) => pass(format!("{}; fabric {fabric} ({how})", who(i))),
     }
 }
 

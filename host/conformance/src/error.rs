@@ -13,11 +13,13 @@ pub enum SuiteError {
     #[error("cannot start the simulator: {0}")]
     Simulator(String),
     #[error(
-        "cannot tell which fabric the provider is for{0}: pass --fabric fti or --fabric redfish"
+        "cannot tell which fabric the provider is for{0}: pass --fabric fti, redfish or nec, or --fabric-sim URL for a simulator of its own fabric"
     )]
     NoFabric(String),
     #[error("provider spec: {0}")]
     Spec(String),
+    #[error("--fabric and --fti-api choose one of cro's simulators; --fabric-sim names another")]
+    FabricWithSimulator,
     #[error("an FTI API (--fti-api) was chosen for a {0} provider; it applies to FTI only")]
     FtiApiForOtherFabric(&'static str),
 }

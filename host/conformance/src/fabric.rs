@@ -20,6 +20,9 @@ pub enum FabricKind {
     Redfish,
     /// NEC CDI Manager (`simulators/cdim`): asynchronous layout applies.
     Nec,
+    /// Any fabric, simulated elsewhere and reached over the control protocol
+    /// (`--fabric-sim`, [`crate::control`]).
+    Remote,
 }
 
 impl FabricKind {
@@ -28,6 +31,7 @@ impl FabricKind {
             FabricKind::Fti => "fti",
             FabricKind::Redfish => "redfish",
             FabricKind::Nec => "nec",
+            FabricKind::Remote => "remote",
         }
     }
 
@@ -129,6 +133,36 @@ impl FabricDevice {
     }
 }
 
+/// One request the fabric received (on its own API, not the control protocol).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricCall {
+    /// Arrival order.
+    pub seq: u64,
+    pub method: String,
+    pub path: String,
+    /// Whether it asks the fabric to attach or detach (to change what it holds).
+    pub changes: bool,
+}
+
+impl FabricCall {
+    /// The calls an in-process simulator recorded; `changes`: whether a request's
+    /// route attaches or detaches.
+    pub(crate) fn recorded<R>(
+        requests: Vec<sim_kit::RecordedRequest<R>>,
+        changes: impl Fn(Option<&R>) -> bool,
+    ) -> Vec<FabricCall> {
+        requests
+            .into_iter()
+            .map(|r| FabricCall {
+                seq: r.seq,
+                changes: changes(r.route.as_ref()),
+                method: r.method,
+                path: r.path,
+            })
+            .collect()
+    }
+}
+
 /// One simulated fabric, started for one suite run.
 pub trait Fabric: Send + Sync {
     fn kind(&self) -> FabricKind;
@@ -166,6 +200,12 @@ pub trait Fabric: Send + Sync {
             self.kind().as_str()
         ))
     }
+    /// Every request the fabric received since it started, in order.
+    fn received(&self) -> Vec<FabricCall>;
+    /// Why the fabric can no longer be driven (a control call to a simulator elsewhere
+    /// failed), if it cannot: the suite stops rather than judge by an oracle it could
+    /// not read.
+    fn broken(&self) -> Option<String>;
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use fabric_sim::{DeviceStatus, FabricSim, Fault, Route, SimConfig};
 use serde_json::{Value, json};
 
 use crate::SuiteError;
-use crate::fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
+use crate::fabric::{Fabric, FabricCall, FabricDevice, FabricKind, FaultKind, Op};
 
 pub const SECRET_NAMESPACE: &str = "composable-resource-operator-system";
 pub const SECRET_NAME: &str = "credentials";
@@ -89,6 +89,17 @@ fn route(api: FtiApi, op: Op) -> Option<Route> {
 }
 
 impl Fabric for FtiFabric {
+    fn received(&self) -> Vec<FabricCall> {
+        FabricCall::recorded(self.sim.requests(), |r| {
+            matches!(r, Some(Route::FmAttach | Route::FmDetach | Route::CmResize))
+        })
+    }
+
+    fn broken(&self) -> Option<String> {
+        // In-process: every step is a call on the simulator's handle.
+        None
+    }
+
     fn kind(&self) -> FabricKind {
         FabricKind::Fti
     }

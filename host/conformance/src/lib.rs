@@ -10,6 +10,10 @@
 //! Against a vendor's lab fabric ([`LabTarget`]) only the non-destructive checks run,
 //! unless attaching is allowed. `docs/vendors.md` explains every check.
 //!
+//! Any other fabric is certified against its vendor's simulator through the control
+//! protocol ([`control`], docs/fabric-sim-protocol.md): the same checks, judged by that
+//! simulator's oracle.
+//!
 //! Contract 0.1.0 components have no `describe()`: the suite runs every check that
 //! does not need it (the fabric must then be given) and reports the two that do
 //! (`describe`, `declared-capabilities`) as skipped.
@@ -21,6 +25,7 @@
 
 mod attached;
 mod checks;
+pub mod control;
 mod error;
 pub mod fabric;
 mod faults;

@@ -13,7 +13,7 @@ use cro_runtime::cluster::StaticCluster;
 use serde_json::{Value, json};
 
 use crate::SuiteError;
-use crate::fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
+use crate::fabric::{Fabric, FabricCall, FabricDevice, FabricKind, FaultKind, Op};
 
 /// The model the driver seeds when the provider names none.
 pub const DEFAULT_MODEL: &str = "NVIDIA-A100-PCIE-40GB";
@@ -66,6 +66,15 @@ impl NecFabric {
 }
 
 impl Fabric for NecFabric {
+    fn received(&self) -> Vec<FabricCall> {
+        FabricCall::recorded(self.sim.requests(), |r| r == Some(&Route::LayoutApply))
+    }
+
+    fn broken(&self) -> Option<String> {
+        // In-process: every step is a call on the simulator's handle.
+        None
+    }
+
     fn kind(&self) -> FabricKind {
         FabricKind::Nec
     }

@@ -12,7 +12,7 @@ use redfish_sim::{CompositionState, Fault, RedfishSim, Route, SimConfig};
 use serde_json::{Value, json};
 
 use crate::SuiteError;
-use crate::fabric::{Fabric, FabricDevice, FabricKind, FaultKind, Op};
+use crate::fabric::{Fabric, FabricCall, FabricDevice, FabricKind, FaultKind, Op};
 
 pub const SECRET_NAMESPACE: &str = "cro-system";
 pub const SECRET_NAME: &str = "redfish-credentials";
@@ -48,6 +48,15 @@ impl RedfishFabric {
 }
 
 impl Fabric for RedfishFabric {
+    fn received(&self) -> Vec<FabricCall> {
+        FabricCall::recorded(self.sim.requests(), |r| r == Some(&Route::SystemPatch))
+    }
+
+    fn broken(&self) -> Option<String> {
+        // In-process: every step is a call on the simulator's handle.
+        None
+    }
+
     fn kind(&self) -> FabricKind {
         FabricKind::Redfish
     }

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::SuiteError;
 use crate::attached::{self, Target};
 use crate::checks::{declared_verdict, denied_verdict, describe_verdict, resources_verdict};
+use crate::control::RemoteFabric;
 use crate::fabric::{Fabric, FabricKind, FaultKind};
 use crate::faults;
 use crate::fti::{FtiApi, FtiFabric};
@@ -28,6 +29,9 @@ pub struct SuiteOptions {
     pub component: PathBuf,
     /// The fabric; `None`: chosen from `describe()`.
     pub fabric: Option<FabricKind>,
+    /// A simulator elsewhere that speaks the control protocol ([`crate::control`]):
+    /// the suite runs against it, whatever the provider's fabric.
+    pub fabric_sim: Option<String>,
     /// The FTI API to run an FTI provider against; `None`: the Cluster Manager when the
     /// provider declares the config key `cluster_id`, else the Fabric Manager.
     pub fti_api: Option<FtiApi>,
@@ -47,6 +51,7 @@ impl SuiteOptions {
         SuiteOptions {
             component: component.into(),
             fabric: None,
+            fabric_sim: None,
             fti_api: None,
             config: BTreeMap::new(),
             call_timeout_ms: 10_000,
@@ -133,6 +138,9 @@ const ATTACHED: &[Need] = &[Need::Passed(CheckId::Attach)];
 pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
     let started = Instant::now();
     let component = Component::open(&opts.component, opts.runtime.clone()).await?;
+    if let Some(url) = &opts.fabric_sim {
+        return run_remote(opts, component, url, started).await;
+    }
     let kind = fabric_kind(opts.fabric, component.info.as_ref())?;
     if let (Some(_), FabricKind::Redfish | FabricKind::Nec) = (opts.fti_api, kind) {
         return Err(SuiteError::FtiApiForOtherFabric(kind.as_str()));
@@ -144,6 +152,8 @@ pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
         FabricKind::Fti => Box::new(FtiFabric::start(fti_api)?),
         FabricKind::Redfish => Box::new(RedfishFabric::start()?),
         FabricKind::Nec => Box::new(NecFabric::start()?),
+        // Neither parsed from --fabric nor read from describe(): only --fabric-sim.
+        FabricKind::Remote => return Err(SuiteError::NoFabric(" (pass --fabric-sim URL)".into())),
     };
     let table = simulated_table(fabric.fails_jobs());
     let mut suite = Simulated::start(opts, component, kind, fabric).await?;
@@ -151,6 +161,28 @@ pub async fn run_simulated(opts: &SuiteOptions) -> Result<Report, SuiteError> {
     Ok(suite
         .run
         .report(&opts.component, fabric_name(kind, fti_api), started))
+}
+
+/// The same suite against a simulator that speaks the control protocol at `url`.
+async fn run_remote(
+    opts: &SuiteOptions,
+    component: Component,
+    url: &str,
+    started: Instant,
+) -> Result<Report, SuiteError> {
+    if opts.fabric.is_some() || opts.fti_api.is_some() {
+        return Err(SuiteError::FabricWithSimulator);
+    }
+    // Connecting blocks on the simulator's replies: off the async threads.
+    let url = url.to_string();
+    let fabric = tokio::task::spawn_blocking(move || RemoteFabric::connect(&url))
+        .await
+        .map_err(|e| SuiteError::Simulator(e.to_string()))??;
+    let name = fabric.name();
+    let table = simulated_table(fabric.fails_jobs());
+    let mut suite = Simulated::start(opts, component, FabricKind::Remote, Box::new(fabric)).await?;
+    run_table(&mut suite, &table).await?;
+    Ok(suite.run.report(&opts.component, name, started))
 }
 
 /// The fabric: `given`, else the one the provider's `describe()` points at.
@@ -344,12 +376,32 @@ impl Suite for Simulated<'_> {
     }
 
     async fn verdict(&mut self, check: CheckId) -> Result<Verdict, SuiteError> {
+        let verdict = self.judge(check).await?;
+        match self.target.fabric.broken() {
+            Some(why) => Err(SuiteError::Simulator(format!(
+                "during `{}`, the simulator failed: {why}",
+                check.name()
+            ))),
+            None => Ok(verdict),
+        }
+    }
+}
+
+impl Simulated<'_> {
+    async fn judge(&mut self, check: CheckId) -> Result<Verdict, SuiteError> {
         Ok(match check {
-            CheckId::Describe => describe_verdict(
-                self.component.info.as_ref(),
-                self.opts.fabric.is_some(),
-                self.kind,
-            ),
+            CheckId::Describe => {
+                let how = match (self.kind, self.opts.fabric) {
+                    (FabricKind::Remote, _) => "given with --fabric-sim",
+                    (_, Some(_)) => "given with --fabric",
+                    (_, None) => "chosen from describe()",
+                };
+                let fabric = match self.kind {
+                    FabricKind::Remote => "of the simulator",
+                    k => k.as_str(),
+                };
+                describe_verdict(self.component.info.as_ref(), fabric, how)
+            }
             CheckId::Attach => {
                 let (verdict, dev1) = attached::attach(&mut self.run, &self.target).await;
                 self.dev1 = dev1;
