@@ -524,11 +524,13 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         }
         let (status, meta) = writes_of(&writes, &name);
         eprintln!("{name} on its way up: {status} status writes, {meta} metadata writes");
-        // Attaching, the ids, Online; the attempt record's removal with the fabric's
-        // machine (the record came with the resource's creation). The old code wrote
-        // 6 + 2 here: Ready apart from Attaching and from Online, the driver wait twice
-        // ("not scheduled", "not Ready"), and the attempt record with the node's machine.
-        assert!(status <= 3, "{name}: {status} status writes up");
+        // Attaching with the ids, Online; the attempt record's removal with the fabric's
+        // machine (the record came with the resource's creation, and says an attach may
+        // be in flight: `Attaching` is not written before the fabric is asked). The old
+        // code wrote 6 + 2 here: Attaching before the ask, Ready apart from Attaching and
+        // from Online, the driver wait twice ("not scheduled", "not Ready"), and the
+        // attempt record with the node's machine.
+        assert!(status <= 2, "{name}: {status} status writes up");
         assert!(meta <= 1, "{name}: {meta} metadata writes up");
     }
     // One Event per device per phase (warnings apart): `Attached` up, `Detached` down
@@ -562,6 +564,73 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         eprintln!("{name} on its way down: Events {down:?}");
         assert_eq!(down, ["Detached"], "{name}'s Events down");
     }
+    env.stop_operator().await.unwrap();
+}
+
+/// Requests deleted together ask for each device's deletion once. Each reconciliation of
+/// a request being cleaned reads its resources from the watch cache, which may not show
+/// a deletion this process asked for a moment ago: the old code sent that DELETE again
+/// (59 DELETEs for 40 devices in cro-bench's convergence at N = 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_deleted_together_delete_each_device_once() {
+    const REQUESTS: usize = 8;
+    let mut env = Env::start().await;
+    // Requests of the default policy (samenode) do not share a node.
+    for i in 0..REQUESTS {
+        env.add_node(&format!("worker-{i}"), "16").await;
+    }
+    env.sim.add_free_devices("gpu", MODEL, 2 * REQUESTS);
+    let deletes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let counted = deletes.clone();
+    let layer =
+        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
+            if req.method() == hyper::Method::DELETE
+                && let Some((_, name)) = req.uri().path().split_once("/composableresources/")
+            {
+                counted.lock().unwrap().push(name.to_owned());
+            }
+            req
+        });
+    let plain = env.client.clone();
+    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    env.start_operator().await;
+    env.client = plain;
+    for i in 0..REQUESTS {
+        env.create_request(&format!("r{i}"), gpu(2)).await;
+    }
+    for i in 0..REQUESTS {
+        env.wait_running(&format!("r{i}"), 2).await;
+    }
+    for i in 0..REQUESTS {
+        env.requests()
+            .delete(&format!("r{i}"), &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually("every request and device gone", CONVERGE, || async {
+        let left = env.resources().list(&ListParams::default()).await.ok()?;
+        let reqs = env.requests().list(&ListParams::default()).await.ok()?;
+        (left.items.is_empty() && reqs.items.is_empty()).then_some(())
+    })
+    .await;
+    let deletes = deletes.lock().unwrap().clone();
+    let mut per = std::collections::BTreeMap::<&str, usize>::new();
+    for name in &deletes {
+        *per.entry(name.as_str()).or_default() += 1;
+    }
+    eprintln!(
+        "DELETEs of {} devices: {} ({per:?})",
+        2 * REQUESTS,
+        deletes.len()
+    );
+    assert_eq!(per.len(), 2 * REQUESTS, "{per:?}");
+    assert!(
+        per.values().all(|&n| n == 1),
+        "a device deleted more than once: {per:?}"
+    );
     env.stop_operator().await.unwrap();
 }
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::config::OperatorConfig;
+use crate::error::ReconcileError;
 use crate::metrics::Metrics;
 use crate::nodeops::dra::DraApis;
 use crate::nodeops::{CommandRunner, GpuOps};
@@ -35,7 +36,16 @@ pub(crate) struct Context {
     /// Per request, when progress of its devices was first seen and not yet written (see
     /// `controllers::request::mirror::pace`).
     unwritten_progress: Mutex<HashMap<String, Instant>>,
+    /// Objects (by UID) whose deletion this process asked for, and when: a watch-cache
+    /// copy that does not show it yet is not deleted a second time (see
+    /// [`Context::delete_once`]).
+    deletions_asked: Mutex<HashMap<String, Instant>>,
 }
+
+/// Entries of `Context::deletions_asked` past which old ones are dropped: an object whose
+/// deletion was asked this long ago shows it in every cache (or is gone).
+const DELETIONS_ASKED_ENTRIES: usize = 4096;
+const DELETION_SHOWN_WITHIN: Duration = Duration::from_secs(300);
 
 /// Entries of `Context::unwritten_progress` past which stale ones are dropped.
 const UNWRITTEN_PROGRESS_ENTRIES: usize = 4096;
@@ -74,6 +84,7 @@ impl Context {
             rescans: Mutex::default(),
             left_at: Mutex::default(),
             unwritten_progress: Mutex::default(),
+            deletions_asked: Mutex::default(),
         }
     }
 
@@ -101,6 +112,37 @@ impl Context {
             seen.retain(|_, since| since.elapsed() < stale);
         }
         *seen.entry(key.to_owned()).or_insert_with(Instant::now)
+    }
+
+    /// Deletes `obj` unless this process asked for its deletion already (its copy may
+    /// come from a watch cache that does not show the deletionTimestamp yet: a request
+    /// being cleaned is reconciled again at each change of its devices, and sent each
+    /// DELETE up to three times, docs/BENCHMARKS.md). A deletion asked is durable, so a
+    /// second one adds nothing; an object without a UID is deleted every time.
+    pub(crate) async fn delete_once<K>(
+        &self,
+        api: &kube::Api<K>,
+        obj: &K,
+    ) -> Result<(), ReconcileError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let uid = obj.meta().uid.clone();
+        if let Some(uid) = &uid
+            && lock(&self.deletions_asked).contains_key(uid)
+        {
+            return Ok(());
+        }
+        let name = obj.meta().name.clone().unwrap_or_default();
+        crate::plumbing::patch::delete(api, &name).await?;
+        if let Some(uid) = uid {
+            let mut asked = lock(&self.deletions_asked);
+            if asked.len() > DELETIONS_ASKED_ENTRIES {
+                asked.retain(|_, at| at.elapsed() < DELETION_SHOWN_WITHIN);
+            }
+            asked.insert(uid, Instant::now());
+        }
+        Ok(())
     }
 
     /// `key` was written: no progress of it is waiting.

@@ -28,7 +28,7 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
     let objects = resources_of(ctx, &req).await?;
     for obj in objects.iter().filter(|o| !o.is_being_deleted()) {
-        patch::delete(&resources, &obj.name_any()).await?;
+        ctx.delete_once(&resources, obj).await?;
     }
     if objects.is_empty() {
         // Straight to the finalizer's removal: a `Deleting` state written first would be

@@ -167,7 +167,7 @@ async fn drop_leftovers(
         leftovers += 1;
         if !obj.is_being_deleted() {
             tracing::info!(resource = %obj.name_any(), "dropping resource");
-            patch::delete(&resources, &obj.name_any()).await?;
+            ctx.delete_once(&resources, obj).await?;
         }
     }
     Ok(leftovers)

@@ -35,6 +35,15 @@ pub(super) async fn attaching(res: ComposableResource, ctx: &Context) -> Outcome
     online(ctx, res).await
 }
 
+/// The `Attaching` state with the Ready condition it implies.
+pub(super) fn attaching_patch(res: &ComposableResource) -> ResourceStatusPatch {
+    conditions::with_ready_after(
+        res,
+        ResourceStatusPatch::state(ResourceState::Attaching),
+        Timestamp::now(),
+    )
+}
+
 /// What an attach waits for on the node, as the Ready condition says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Wait {
@@ -114,14 +123,33 @@ async fn fabric_attach(
     let device = match adopt::add(ctx, &guard, res, machine).await? {
         Ok(AddOutcome::InProgress(what)) => {
             tracing::info!(node = %node, what = %what, "attach in progress");
+            // A slow fabric: say `Attaching` now rather than with the ids.
+            if res.state() == ResourceState::Empty {
+                *res = patch::status(&api, res, &attaching_patch(res), true).await?;
+            }
             return Ok(Some(Step::requeue(ctx.config.timings.poll_interval)));
         }
         Ok(AddOutcome::Attached(device)) => device,
-        Err(e) => return Err(ReconcileError::provider(Operation::Add, e)),
+        Err(e) => {
+            // The error is written on an `Attaching` resource, as before the ask.
+            if res.state() == ResourceState::Empty {
+                *res = patch::status(&api, res, &attaching_patch(res), true).await?;
+            }
+            return Err(ReconcileError::provider(Operation::Add, e));
+        }
     };
     // Stored before anything else can fail, and unconditionally: losing these ids would
     // leak the device (until the upstream sync releases it).
-    let ids = ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id).with_error("");
+    let mut ids =
+        ResourceStatusPatch::ids(&device.device_id, &device.fabric_device_id).with_error("");
+    if res.state() == ResourceState::Empty {
+        // Asked straight from birth (`start`): the state comes with the ids.
+        ids = conditions::with_ready_after(
+            res,
+            ids.with_state(ResourceState::Attaching),
+            Timestamp::now(),
+        );
+    }
     *res = store_ids(&api, res, ids).await?;
     ctx.caches.note_ids_written(res);
     let fabric = device

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use cro_api::{ComposableResource, CroObjectExt, ResourceState};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -109,12 +108,16 @@ async fn start(res: ComposableResource, ctx: &Context) -> Outcome {
         .await?;
         return online(res, ctx).await;
     }
-    let attaching = conditions::with_ready_after(
-        &res,
-        ResourceStatusPatch::state(ResourceState::Attaching),
-        Timestamp::now(),
-    );
-    let res = patch::status(&api, &res, &attaching, true).await?;
+    // A resource the request controller created carries its attempt record from birth:
+    // the record, not the state, is what says an attach may be in flight (a restart
+    // looks for its device first, the upstream sync leaves it alone), so the fabric is
+    // asked at once and `Attaching` is written with the ids, or when the fabric says it
+    // is still working: one status write per attach fewer (docs/BENCHMARKS.md, the
+    // write budget). Any other resource states its plan first.
+    if adopt::recorded(&res).is_some() {
+        return attach::attaching(res, ctx).await;
+    }
+    let res = patch::status(&api, &res, &attach::attaching_patch(&res), true).await?;
     attach::attaching(res, ctx).await
 }
 
