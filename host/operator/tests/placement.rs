@@ -165,6 +165,27 @@ fn counting_client(
         .build()
 }
 
+/// Starts the operator on a client that shows `see` the method and path of every
+/// request it sends: the counting tests' view of the operator's own writes.
+async fn start_operator_seeing(
+    env: &mut Env,
+    see: impl Fn(&hyper::Method, &str) + Send + Sync + 'static,
+) {
+    let see = std::sync::Arc::new(see);
+    let layer =
+        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
+            see(req.method(), req.uri().path());
+            req
+        });
+    let plain = env.client.clone();
+    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    env.start_operator().await;
+    env.client = plain;
+}
+
 /// The reconciles `controller` made, as the operator's metrics count them.
 fn reconciles(metrics: &str, controller: &str) -> usize {
     let prefix = format!("cro_reconciles_total{{controller=\"{controller}\",");
@@ -285,25 +306,16 @@ async fn an_attach_writes_its_resource_annotations_once() {
         usize,
     >::new()));
     let counted = patches.clone();
-    let layer =
-        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
-            // A metadata write of one resource (not its status subresource).
-            let path = req.uri().path();
-            if req.method() == hyper::Method::PATCH
-                && let Some((collection, name)) = path.rsplit_once('/')
-                && collection.ends_with("/composableresources")
-            {
-                *counted.lock().unwrap().entry(name.to_owned()).or_default() += 1;
-            }
-            req
-        });
-    let plain = env.client.clone();
-    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
-        .unwrap()
-        .with_layer(&layer)
-        .build();
-    env.start_operator().await;
-    env.client = plain;
+    start_operator_seeing(&mut env, move |method, path| {
+        // A metadata write of one resource (not its status subresource).
+        if method == hyper::Method::PATCH
+            && let Some((collection, name)) = path.rsplit_once('/')
+            && collection.ends_with("/composableresources")
+        {
+            *counted.lock().unwrap().entry(name.to_owned()).or_default() += 1;
+        }
+    })
+    .await;
 
     env.create_request("r", gpu(2)).await;
     env.wait_running("r", 2).await;
@@ -349,25 +361,14 @@ async fn a_request_writes_its_status_per_request_state_not_per_device_state() {
     env.config.timings.mirror_delay = std::time::Duration::from_secs(60);
     let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = writes.clone();
-    let layer =
-        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
-            if matches!(*req.method(), hyper::Method::PATCH | hyper::Method::PUT)
-                && req
-                    .uri()
-                    .path()
-                    .ends_with("/composabilityrequests/r/status")
-            {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            req
-        });
-    let plain = env.client.clone();
-    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
-        .unwrap()
-        .with_layer(&layer)
-        .build();
-    env.start_operator().await;
-    env.client = plain;
+    start_operator_seeing(&mut env, move |method, path| {
+        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT)
+            && path.ends_with("/composabilityrequests/r/status")
+        {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    })
+    .await;
 
     env.create_request("r", gpu(DEVICES as i64)).await;
     env.wait_running("r", DEVICES).await;
@@ -437,19 +438,6 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
     let counted = writes.clone();
     let writes_at_delete = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<String>>));
     let counted_down = writes_at_delete.clone();
-    let layer =
-        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
-            let path = req.uri().path().to_owned();
-            if matches!(*req.method(), hyper::Method::PATCH | hyper::Method::PUT)
-                && let Some((_, rest)) = path.split_once("/composableresources/")
-            {
-                counted.lock().unwrap().push(rest.to_owned());
-                if let Some(down) = counted_down.lock().unwrap().as_mut() {
-                    down.push(rest.to_owned());
-                }
-            }
-            req
-        });
     // Every version of every resource, as a watch sees it: (name, state, Ready status).
     let versions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = versions.clone();
@@ -471,13 +459,17 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
             }
         }
     });
-    let plain = env.client.clone();
-    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
-        .unwrap()
-        .with_layer(&layer)
-        .build();
-    env.start_operator().await;
-    env.client = plain;
+    start_operator_seeing(&mut env, move |method, path| {
+        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT)
+            && let Some((_, rest)) = path.split_once("/composableresources/")
+        {
+            counted.lock().unwrap().push(rest.to_owned());
+            if let Some(down) = counted_down.lock().unwrap().as_mut() {
+                down.push(rest.to_owned());
+            }
+        }
+    })
+    .await;
 
     env.create_request("r", gpu(DEVICES as i64)).await;
     env.wait_running("r", DEVICES).await;
@@ -582,22 +574,14 @@ async fn requests_deleted_together_delete_each_device_once() {
     env.sim.add_free_devices("gpu", MODEL, 2 * REQUESTS);
     let deletes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let counted = deletes.clone();
-    let layer =
-        tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
-            if req.method() == hyper::Method::DELETE
-                && let Some((_, name)) = req.uri().path().split_once("/composableresources/")
-            {
-                counted.lock().unwrap().push(name.to_owned());
-            }
-            req
-        });
-    let plain = env.client.clone();
-    env.client = kube::client::ClientBuilder::try_from(env.harness.config().clone())
-        .unwrap()
-        .with_layer(&layer)
-        .build();
-    env.start_operator().await;
-    env.client = plain;
+    start_operator_seeing(&mut env, move |method, path| {
+        if method == hyper::Method::DELETE
+            && let Some((_, name)) = path.split_once("/composableresources/")
+        {
+            counted.lock().unwrap().push(name.to_owned());
+        }
+    })
+    .await;
     for i in 0..REQUESTS {
         env.create_request(&format!("r{i}"), gpu(2)).await;
     }
