@@ -785,12 +785,16 @@ pub fn sim_command(args: &SimArgs) -> anyhow::Result<ExitCode> {
         cro_conformance::control::serve::factory(kind, api),
         args.port,
     )?;
-    println!("control protocol at {}", server.url());
-    println!(
-        "test a provider: cro provider test COMPONENT --fabric-sim {}",
-        server.url()
+    // One write, and its failure ignored: a reader that takes the first line and closes
+    // the pipe (`| head -1`, a test) must not stop the simulator it was told about.
+    let text = format!(
+        "control protocol at {url}\ntest a provider: cro provider test COMPONENT --fabric-sim {url}\n",
+        url = server.url()
     );
-    std::io::Write::flush(&mut std::io::stdout())?;
+    let mut out = std::io::stdout().lock();
+    let _ = std::io::Write::write_all(&mut out, text.as_bytes())
+        .and_then(|()| std::io::Write::flush(&mut out));
+    drop(out);
     tokio()?.block_on(tokio::signal::ctrl_c())?;
     drop(server);
     Ok(ExitCode::SUCCESS)

@@ -311,6 +311,31 @@ fn cro_simulators_speak_the_control_protocol() {
         assert_eq!(job_checks, jobs, "{report}");
     }
 
+    // Redfish through `cro provider sim`, as a vendor runs it.
+    let mut sim = Command::new(env!("CARGO_BIN_EXE_cro"))
+        .args(["provider", "sim", "--fabric", "redfish"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(sim.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let url = first
+        .trim()
+        .strip_prefix("control protocol at ")
+        .unwrap_or_else(|| panic!("cro provider sim's first line: {first:?}"))
+        .to_string();
+    let redfish = cro_test_support::component("cro-provider-redfish");
+    let (passed, report) = certify(&redfish, &["--fabric-sim", &url]);
+    let _ = sim.kill();
+    let _ = sim.wait();
+    assert!(passed && report.contains(" 0 failed"), "{report}");
+    assert!(
+        report.contains("against redfish (simulator at "),
+        "{report}"
+    );
+
     // Nothing listening: a clear error, not a report.
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/", free.local_addr().unwrap());

@@ -406,16 +406,31 @@ async fn request(
     if let Some(body) = body {
         req = req.json(&body);
     }
-    let mut reply = req.send().await.map_err(|e| e.to_string())?;
+    let mut reply = req.send().await.map_err(|e| with_causes(&e))?;
     let status = reply.status();
     let mut body = Vec::new();
-    while let Some(chunk) = reply.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = reply.chunk().await.map_err(|e| with_causes(&e))? {
         if body.len() + chunk.len() > MAX_REPLY {
             return Err(format!("a reply longer than {MAX_REPLY} bytes"));
         }
         body.extend_from_slice(&chunk);
     }
     Ok(Reply { status, body })
+}
+
+/// An error with its causes (reqwest's own text names only the URL).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]
