@@ -205,6 +205,50 @@ fn help_reads_well() {
     assert!(!out.status.success());
 }
 
+/// Runs `cmd` in a process group of its own, reading its output as it comes (a full pipe
+/// would stall it), for at most `limit`: then the whole group is killed, a job it left
+/// in the background included. (exit status, or None when killed; stdout; stderr.)
+fn run_bounded(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> (Option<std::process::ExitStatus>, String, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut child = cmd
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let group = child.id();
+    let read = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let (done, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait());
+    });
+    let status = match exited.recv_timeout(limit) {
+        Ok(status) => Some(status.unwrap()),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &format!("-{group}")])
+                .status();
+            None
+        }
+    };
+    (
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
 /// Runs `cro` with string arguments; (success, stdout, stderr).
 fn cro_str(args: &[&str]) -> (bool, String, String) {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
@@ -590,8 +634,8 @@ fn the_vendor_guide_runs_as_written() {
         "set -euxo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{}\n",
         commands.join("\n")
     );
-    let mut child = Command::new("bash")
-        .arg("-c")
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
         .arg(&script)
         .current_dir(work.path())
         .env("PATH", path)
@@ -599,34 +643,8 @@ fn the_vendor_guide_runs_as_written() {
         // to its workspace, so an `acme-gpu` built from another directory (an earlier
         // run, another template) would count as fresh in a shared one.
         .env("CARGO_TARGET_DIR", work.path().join("target"))
-        .env("CARGO_NET_OFFLINE", "true")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let read_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).map(|_| s)
-    });
-    let read_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).map(|_| s)
-    });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(900);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
-    let stdout = read_out.join().unwrap().unwrap_or_default();
-    let stderr = read_err.join().unwrap().unwrap_or_default();
+        .env("CARGO_NET_OFFLINE", "true");
+    let (status, stdout, stderr) = run_bounded(&mut cmd, std::time::Duration::from_secs(900));
     let status = status.unwrap_or_else(|| {
         panic!("the guide's commands did not finish within 15 minutes\n{stdout}\n{stderr}")
     });

@@ -7,43 +7,55 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cro_conformance::FabricKind;
 use cro_conformance::control::{ControlServer, serve};
 use cro_conformance::fti::FtiApi;
 
-use super::cro_str;
+use super::{cro_str, run_bounded};
 
-/// The reference simulator a REST scaffold ships with, running; killed when dropped.
-struct RefSim {
+/// A simulator that says where its control protocol is on its first line of output
+/// (the reference simulator, `cro provider sim`), running; killed when dropped, however
+/// the test ends.
+struct Announced {
     child: Child,
     url: String,
 }
 
-impl RefSim {
-    fn start(scaffold: &Path) -> RefSim {
-        let mut child = Command::new("python3")
-            .arg("fabric_sim.py")
-            .args(["--port", "0"])
-            .current_dir(scaffold)
+impl Announced {
+    fn start(cmd: &mut Command) -> Announced {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .spawn()
-            .expect("python3 runs the reference simulator");
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
+        let read = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        let mut sim = Announced {
+            child,
+            url: String::new(),
+        };
+        read.unwrap();
+        sim.url = line
             .trim()
             .strip_prefix("control protocol at ")
             .unwrap_or_else(|| panic!("the simulator's first line: {line:?}"))
             .to_string();
-        RefSim { child, url }
+        sim
+    }
+
+    /// The reference simulator a REST scaffold ships with.
+    fn reference(scaffold: &Path) -> Announced {
+        Announced::start(
+            Command::new("python3")
+                .arg("fabric_sim.py")
+                .args(["--port", "0"])
+                .current_dir(scaffold),
+        )
     }
 }
 
-impl Drop for RefSim {
+impl Drop for Announced {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -63,23 +75,9 @@ fn scaffold(work: &Path, name: &str, args: &[&str]) -> PathBuf {
 
 /// Runs `cmd` to completion within 15 minutes; panics with its output on failure.
 fn run(cmd: &mut Command, what: &str) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "{what}: not done in 15 minutes");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (status, stdout, stderr) = run_bounded(cmd, Duration::from_secs(900));
+    let status = status.unwrap_or_else(|| panic!("{what}: not done in 15 minutes"));
+    assert!(status.success(), "{what} failed:\n{stdout}\n{stderr}");
 }
 
 /// Builds a Rust scaffold as its README says, offline, into `target` (a directory of
@@ -183,7 +181,7 @@ fn the_rest_template_certifies_and_a_build_with_three_bugs_fails_on_each() {
     let good = scaffold(work.path(), "acme-rest", &[]);
     let target = work.path().join("target");
     let wasm = build_rust(&good, "acme-rest", &target);
-    let sim = RefSim::start(&good);
+    let sim = Announced::reference(&good);
     let (passed, report) = certify(&wasm, &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the REST template as generated");
     assert!(
@@ -265,7 +263,7 @@ fn the_fti_python_and_javascript_templates_certify_as_generated() {
             .current_dir(&py),
         "componentize-py",
     );
-    let sim = RefSim::start(&py);
+    let sim = Announced::reference(&py);
     let (passed, report) = certify(&py.join("acme_py.wasm"), &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the Python template");
     drop(sim);
@@ -279,7 +277,7 @@ fn the_fti_python_and_javascript_templates_certify_as_generated() {
         Command::new("node").arg("build.mjs").current_dir(&js),
         "node build.mjs",
     );
-    let sim = RefSim::start(&js);
+    let sim = Announced::reference(&js);
     let (passed, report) = certify(&js.join("acme_js.wasm"), &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the JavaScript template");
 }
@@ -312,24 +310,12 @@ fn cro_simulators_speak_the_control_protocol() {
     }
 
     // Redfish through `cro provider sim`, as a vendor runs it.
-    let mut sim = Command::new(env!("CARGO_BIN_EXE_cro"))
-        .args(["provider", "sim", "--fabric", "redfish"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(sim.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let url = first
-        .trim()
-        .strip_prefix("control protocol at ")
-        .unwrap_or_else(|| panic!("cro provider sim's first line: {first:?}"))
-        .to_string();
+    let sim = Announced::start(
+        Command::new(env!("CARGO_BIN_EXE_cro")).args(["provider", "sim", "--fabric", "redfish"]),
+    );
     let redfish = cro_test_support::component("cro-provider-redfish");
-    let (passed, report) = certify(&redfish, &["--fabric-sim", &url]);
-    let _ = sim.kill();
-    let _ = sim.wait();
+    let (passed, report) = certify(&redfish, &["--fabric-sim", &sim.url]);
+    drop(sim);
     assert!(passed && report.contains(" 0 failed"), "{report}");
     assert!(
         report.contains("against redfish (simulator at "),

@@ -61,8 +61,7 @@ impl RemoteFabric {
                     expect_empty(reply).map_err(|e| fail(format!("reset: {e}")))?;
                     break;
                 }
-                Err(e) if started.elapsed() < STARTING => {
-                    let _ = e;
+                Err(_) if started.elapsed() < STARTING => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) => return Err(fail(format!("reset: {e}"))),
@@ -348,7 +347,7 @@ type Job = (
 
 /// An HTTP client on a thread of its own.
 struct Client {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
 }
 
 impl Client {
@@ -358,8 +357,10 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|e| SuiteError::Simulator(format!("the control client: {e}")))?;
+        // A simulator is reached directly, never through a proxy the environment names.
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
+            .no_proxy()
             .build()
             .map_err(|e| SuiteError::Simulator(format!("the control client: {e}")))?;
         std::thread::Builder::new()
@@ -372,9 +373,7 @@ impl Client {
                 }
             })
             .map_err(|e| SuiteError::Simulator(format!("the control client: {e}")))?;
-        Ok(Client {
-            jobs: Mutex::new(tx),
-        })
+        Ok(Client { jobs: tx })
     }
 
     fn call(
@@ -385,8 +384,6 @@ impl Client {
     ) -> Result<Reply, String> {
         let (tx, rx) = mpsc::channel();
         self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .send((method, url, body, tx))
             .map_err(|_| "the control client stopped".to_string())?;
         rx.recv_timeout(CALL_TIMEOUT + Duration::from_secs(5))

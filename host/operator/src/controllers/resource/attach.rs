@@ -44,6 +44,18 @@ pub(super) fn attaching_patch(res: &ComposableResource) -> ResourceStatusPatch {
     )
 }
 
+/// Writes `Attaching` on a resource whose state is still empty (asked from birth,
+/// `super::start`), before its ids are known.
+async fn state_attaching(
+    api: &Api<ComposableResource>,
+    res: &mut ComposableResource,
+) -> Result<(), ReconcileError> {
+    if res.state() == ResourceState::Empty {
+        *res = patch::status(api, res, &attaching_patch(res), true).await?;
+    }
+    Ok(())
+}
+
 /// What an attach waits for on the node, as the Ready condition says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Wait {
@@ -124,17 +136,13 @@ async fn fabric_attach(
         Ok(AddOutcome::InProgress(what)) => {
             tracing::info!(node = %node, what = %what, "attach in progress");
             // A slow fabric: say `Attaching` now rather than with the ids.
-            if res.state() == ResourceState::Empty {
-                *res = patch::status(&api, res, &attaching_patch(res), true).await?;
-            }
+            state_attaching(&api, res).await?;
             return Ok(Some(Step::requeue(ctx.config.timings.poll_interval)));
         }
         Ok(AddOutcome::Attached(device)) => device,
         Err(e) => {
             // The error is written on an `Attaching` resource, as before the ask.
-            if res.state() == ResourceState::Empty {
-                *res = patch::status(&api, res, &attaching_patch(res), true).await?;
-            }
+            state_attaching(&api, res).await?;
             return Err(ReconcileError::provider(Operation::Add, e));
         }
     };
