@@ -13,6 +13,10 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v flock >/dev/null || need_apt+=(util-linux)
 command -v git >/dev/null || need_apt+=(git)
+# Python providers and the reference fabric simulator (componentize-py, fabric_sim.py);
+# JavaScript providers (componentize-js, from npm).
+command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+command -v npm >/dev/null || need_apt+=(nodejs npm)
 # Builds the container image without a daemon or registry (deploy/image/build.sh).
 command -v buildah >/dev/null || need_apt+=(buildah)
 # The real-node test tier (docs/real-node.md): a kubelet's container runtime, the OCI
