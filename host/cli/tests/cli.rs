@@ -78,7 +78,7 @@ fn prints_the_capability_report_of_the_fti_component() {
     let (ok, stdout, stderr) = inspect(&fti, &[]);
     assert!(ok, "{stderr}");
     assert!(
-        stdout.contains("contract:  cro:provider@0.2.0 (supported)"),
+        stdout.contains("contract:  cro:provider@0.3.0 (supported)"),
         "{stdout}"
     );
     assert!(stdout.contains("provider:  fti "), "{stdout}");
@@ -135,11 +135,11 @@ fn refuses_what_this_host_cannot_load() {
     let (ok, stdout, stderr) = inspect(&future, &[]);
     assert!(!ok);
     assert!(
-        stdout.contains("cro:provider@0.3.0 (NOT supported"),
+        stdout.contains("cro:provider@0.9.0 (NOT supported"),
         "{stdout}"
     );
     assert!(
-        stderr.contains("it targets cro:provider@0.3.0; this host supports 0.1.0, 0.2.0"),
+        stderr.contains("it targets cro:provider@0.9.0; this host supports 0.1.0, 0.2.0, 0.3.0"),
         "{stderr}"
     );
 
@@ -473,7 +473,12 @@ fn provider_test_reports_and_exits_by_the_result() {
     ]);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("PASS lost-reply-retry"), "{stdout}");
-    assert!(stdout.contains("PASSED: 19 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("PASSED: 22 passed, 0 failed"), "{stdout}");
+    // The Cluster Manager API reports no free devices: the provider says so.
+    assert!(
+        stdout.contains("PASS pool") && stdout.contains("does not report free devices"),
+        "{stdout}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["passed"], true);
@@ -497,8 +502,9 @@ fn provider_test_reports_and_exits_by_the_result() {
         "{stdout}"
     );
     assert!(stdout.contains("PASS lost-reply-retry"), "{stdout}");
+    assert!(stdout.contains("PASS pool-follows-fabric"), "{stdout}");
     assert!(
-        stdout.contains("PASSED: 18 passed, 0 failed, 1 skipped"),
+        stdout.contains("PASSED: 21 passed, 0 failed, 1 skipped"),
         "{stdout}"
     );
     let (ok, _, stderr) = cro_str(&["provider", "test", fti.to_str().unwrap(), "--fti-api", "xm"]);
@@ -561,7 +567,7 @@ fn provider_test_certifies_the_nec_component_against_the_cdim_simulator() {
         );
     }
     assert!(
-        stdout.contains("PASSED: 21 passed, 0 failed, 0 skipped"),
+        stdout.contains("PASSED: 24 passed, 0 failed, 0 skipped"),
         "{stdout}"
     );
     let report: serde_json::Value =

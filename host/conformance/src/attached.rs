@@ -100,13 +100,13 @@ pub(crate) async fn healthy(run: &mut Run, t: &Target, dev1: &AttachedDevice) ->
 }
 
 /// The newest request the fabric has received.
-fn last_seq(t: &Target) -> u64 {
+pub(crate) fn last_seq(t: &Target) -> u64 {
     t.fabric.received().last().map_or(0, |c| c.seq)
 }
 
 /// Whether a request after `since` asked the fabric to attach or detach: what a read
 /// must never do, even when it puts things back as they were.
-fn changed_since(t: &Target, since: u64) -> Option<String> {
+pub(crate) fn changed_since(t: &Target, since: u64) -> Option<String> {
     let calls = t.fabric.received();
     let changing: Vec<String> = calls
         .iter()

@@ -186,6 +186,9 @@ pub trait Fabric: Send + Sync {
     fn set_slow(&self, delay: Option<Duration>) -> Result<(), String>;
     /// Puts the device's health to warning (`true`) or back to OK.
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String>;
+    /// How many devices of the type and model are free (an attach could take them
+    /// now), or why this fabric cannot say: the oracle of the pool checks.
+    fn free(&self, device_type: DeviceType, model: &str) -> Result<u32, String>;
     /// Whether [`Fabric::fail_next_job`] works here: attaches are jobs it can fail.
     fn fails_jobs(&self) -> bool {
         false

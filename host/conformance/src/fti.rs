@@ -228,6 +228,14 @@ impl Fabric for FtiFabric {
         }
     }
 
+    fn free(&self, device_type: DeviceType, model: &str) -> Result<u32, String> {
+        let res_type = match device_type {
+            DeviceType::Gpu => "gpu",
+            DeviceType::CxlMemory => "cxlmemory",
+        };
+        Ok(u32::try_from(self.sim.free_devices(res_type, model)).unwrap_or(u32::MAX))
+    }
+
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String> {
         self.sim
             .set_op_status(device_id, if warning { "1" } else { "0" })

@@ -32,6 +32,7 @@ mod faults;
 pub mod fti;
 mod lab;
 pub mod nec;
+mod pool;
 pub mod redact;
 pub mod redfish;
 pub mod report;

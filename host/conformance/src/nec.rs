@@ -162,6 +162,19 @@ impl Fabric for NecFabric {
         Ok(())
     }
 
+    fn free(&self, device_type: DeviceType, model: &str) -> Result<u32, String> {
+        if device_type != DeviceType::Gpu {
+            return Ok(0);
+        }
+        let n = self
+            .sim
+            .gpus()
+            .iter()
+            .filter(|g| g.node.is_none() && g.model == model && g.health == "OK")
+            .count();
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String> {
         let gpu = self.gpu_named(device_id)?;
         self.sim

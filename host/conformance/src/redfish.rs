@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cro_runtime::DeviceType;
 use cro_runtime::cluster::StaticCluster;
-use redfish_sim::{CompositionState, Fault, RedfishSim, Route, SimConfig};
+use redfish_sim::{BlockKind, CompositionState, Fault, RedfishSim, Route, SimConfig};
 use serde_json::{Value, json};
 
 use crate::SuiteError;
@@ -149,6 +149,20 @@ impl Fabric for RedfishFabric {
     fn set_slow(&self, delay: Option<Duration>) -> Result<(), String> {
         self.sim.set_compose_delay(delay.unwrap_or(Duration::ZERO));
         Ok(())
+    }
+
+    fn free(&self, device_type: DeviceType, model: &str) -> Result<u32, String> {
+        let kind = match device_type {
+            DeviceType::Gpu => BlockKind::Gpu,
+            DeviceType::CxlMemory => BlockKind::CxlMemory,
+        };
+        let n = self
+            .sim
+            .blocks()
+            .iter()
+            .filter(|b| b.kind == kind && b.model == model && b.state == CompositionState::Unused)
+            .count();
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     fn set_warning(&self, device_id: &str, warning: bool) -> Result<(), String> {

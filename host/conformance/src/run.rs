@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use cro_runtime::cluster::StaticCluster;
 use cro_runtime::{
     AddOutcome, AddRequest, AttachedDevice, CallError, Claim, ComposableResource, DeviceInfo,
-    DeviceType, Provider, ProviderInfo, ProviderSpec, RemoveOutcome, Runtime, RuntimeOptions,
+    DeviceType, PoolOutcome, PoolQuery, Provider, ProviderInfo, ProviderSpec, RemoveOutcome,
+    Runtime, RuntimeOptions,
 };
 use serde_json::{Value, json};
 
@@ -157,6 +158,13 @@ impl Run {
             self.all_calls.push(trace.clone());
         }
         self.calls.push(trace);
+    }
+
+    pub(crate) async fn pool(&mut self, query: &PoolQuery) -> Result<PoolOutcome, CallError> {
+        let r = self.main.provider.pool(query).await;
+        let rec = self.main.recorder.clone();
+        self.note(&rec, "get-pool", &r, true);
+        r
     }
 
     pub(crate) async fn add(&mut self, req: &AddRequest) -> Result<AddOutcome, CallError> {

@@ -16,6 +16,7 @@ use crate::fabric::{Fabric, FabricKind, FaultKind};
 use crate::faults;
 use crate::fti::{FtiApi, FtiFabric};
 use crate::nec::NecFabric;
+use crate::pool;
 use crate::redfish::RedfishFabric;
 use crate::report::Report;
 use crate::run::{
@@ -91,6 +92,8 @@ pub(crate) const SIMULATED: &[Row] = &[
     Row::new(CheckId::Check, ATTACHED),
     Row::new(CheckId::CheckWarning, ATTACHED),
     Row::new(CheckId::GetResources, ATTACHED),
+    Row::new(CheckId::Pool, &[]),
+    Row::new(CheckId::PoolFollows, &[Need::Passed(CheckId::Pool)]),
     Row::new(CheckId::InProgress, ATTACHED),
     Row::new(CheckId::LostReplyRetry, ATTACHED),
     Row::new(CheckId::Detach, ATTACHED),
@@ -101,6 +104,7 @@ pub(crate) const SIMULATED: &[Row] = &[
     Row::new(CheckId::Fault5xxCheck, ATTACHED),
     Row::new(CheckId::FaultMalformedCheck, ATTACHED),
     Row::new(CheckId::FaultLostCheck, ATTACHED),
+    Row::new(CheckId::Fault5xxPool, &[]),
     // A faulted attach needs no attached device (it claims it when there is one).
     Row::new(CheckId::Fault5xxAttach, &[]),
     Row::new(CheckId::FaultMalformedAttach, &[]),
@@ -419,6 +423,9 @@ impl Simulated<'_> {
             }
             CheckId::Deadline => self.deadline().await?,
             CheckId::Denied => self.denied().await?,
+            CheckId::Pool => pool::pool(&mut self.run, &self.target).await,
+            CheckId::PoolFollows => pool::follows(&mut self.run, &self.target).await,
+            CheckId::Fault5xxPool => pool::fault(&mut self.run, &self.target).await,
             CheckId::DeclaredCapabilities => declared_verdict(&self.run),
             CheckId::Resources => resources_verdict(&self.run),
             attached => self.attached_verdict(attached).await,

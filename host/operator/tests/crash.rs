@@ -97,6 +97,13 @@ impl DeviceProvider for Tripwire {
         self.inner.list(claims)
     }
 
+    fn pool<'a>(
+        &'a self,
+        query: &'a cro_runtime::PoolQuery,
+    ) -> BoxFuture<'a, ProviderResult<cro_runtime::PoolOutcome>> {
+        self.inner.pool(query)
+    }
+
     fn counters(&self) -> Option<ProviderCounters> {
         self.inner.counters()
     }

@@ -318,6 +318,13 @@ impl DeviceProvider for TrapAfterEffect {
         self.inner.list(claims)
     }
 
+    fn pool<'a>(
+        &'a self,
+        query: &'a cro_runtime::PoolQuery,
+    ) -> BoxFuture<'a, ProviderResult<cro_runtime::PoolOutcome>> {
+        self.inner.pool(query)
+    }
+
     fn counters(&self) -> Option<ProviderCounters> {
         self.inner.counters()
     }
@@ -507,6 +514,13 @@ impl DeviceProvider for Recording {
     fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
         self.seen().lists.push(claims.to_vec());
         self.inner.list(claims)
+    }
+
+    fn pool<'a>(
+        &'a self,
+        query: &'a cro_runtime::PoolQuery,
+    ) -> BoxFuture<'a, ProviderResult<cro_runtime::PoolOutcome>> {
+        self.inner.pool(query)
     }
 
     fn counters(&self) -> Option<ProviderCounters> {

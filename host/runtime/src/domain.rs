@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The kind of composable device (`spec.resource.type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceType {
     Gpu,
@@ -188,14 +188,80 @@ pub struct ProviderInfo {
     pub config: Vec<ConfigKey>,
 }
 
+/// Devices of one type and model (a pool's unit; 0.3.0 and later).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PoolKind {
+    pub device_type: DeviceType,
+    pub model: String,
+}
+
+/// What the host asks a provider about its free devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolQuery {
+    /// The kinds to count.
+    pub kinds: Vec<PoolKind>,
+    /// The nodes the provider serves.
+    pub nodes: Vec<String>,
+}
+
+/// Free devices of one kind in one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeDevices {
+    pub kind: PoolKind,
+    pub count: u32,
+    /// CXL memory: each free device's size in bytes, when the fabric says.
+    pub sizes: Vec<u64>,
+}
+
+/// Free devices that can each be attached to any of `nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricPool {
+    /// The fabric's own name for the pool, stable across calls.
+    pub id: String,
+    pub nodes: Vec<String>,
+    pub free: Vec<FreeDevices>,
+}
+
+/// What a pool read found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolOutcome {
+    Pools(Vec<FabricPool>),
+    /// The fabric cannot tell its free devices (or the provider's contract has no pool);
+    /// says why.
+    NotSupported(String),
+}
+
+impl FabricPool {
+    /// The pool's id and nodes are identifiers, and no kind lists more sizes than
+    /// devices: a reply that breaks either is malformed.
+    pub fn check(&self) -> Result<(), ProviderError> {
+        check_id(IdField::PoolId, &self.id)?;
+        for node in &self.nodes {
+            check_id(IdField::Node, node)?;
+        }
+        match self.free.iter().find(|f| f.sizes.len() > f.count as usize) {
+            Some(f) => Err(ProviderError::MalformedReply(format!(
+                "pool {}: {} sizes for {} free {} devices",
+                self.id,
+                f.sizes.len(),
+                f.count,
+                f.kind.model
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Which identifier of a provider's reply an [`InvalidId`] is about (the WIT field names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdField {
     DeviceId,
     FabricDeviceId,
     MachineId,
-    /// The node a listed device is attached to.
+    /// The node a listed device is attached to, or a pool reaches.
     Node,
+    /// A pool's id.
+    PoolId,
 }
 
 impl IdField {
@@ -205,6 +271,7 @@ impl IdField {
             IdField::FabricDeviceId => "fabric-device-id",
             IdField::MachineId => "machine-id",
             IdField::Node => "node",
+            IdField::PoolId => "pool id",
         }
     }
 }
@@ -317,6 +384,39 @@ impl DeviceInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pool(id: &str, node: &str, count: u32, sizes: &[u64]) -> FabricPool {
+        FabricPool {
+            id: id.into(),
+            nodes: vec![node.into()],
+            free: vec![FreeDevices {
+                kind: PoolKind {
+                    device_type: DeviceType::CxlMemory,
+                    model: "CXL 256GiB".into(),
+                },
+                count,
+                sizes: sizes.to_vec(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_pool_names_identifiers_and_no_more_sizes_than_devices() {
+        assert_eq!(pool("1", "w0", 2, &[1 << 30, 1 << 30]).check(), Ok(()));
+        assert_eq!(pool("1", "w0", 0, &[]).check(), Ok(()));
+        let forged = pool("1\nERROR forged", "w0", 1, &[]).check().unwrap_err();
+        assert!(
+            matches!(&forged, ProviderError::MalformedReply(m) if m.contains("pool id")),
+            "{forged}"
+        );
+        let node = pool("1", "w0\u{1b}[2J", 1, &[]).check().unwrap_err();
+        assert!(matches!(node, ProviderError::MalformedReply(_)), "{node}");
+        let sizes = pool("1", "w0", 1, &[1, 2]).check().unwrap_err();
+        assert!(
+            matches!(&sizes, ProviderError::MalformedReply(m) if m.contains("2 sizes for 1 free")),
+            "{sizes}"
+        );
+    }
 
     fn attached(device_id: &str, fabric_device_id: &str, machine_id: Option<&str>) -> AddOutcome {
         AddOutcome::Attached(AttachedDevice {

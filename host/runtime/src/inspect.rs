@@ -16,7 +16,7 @@ use crate::wit::{EXPORTS, OWN_INTERFACES, PACKAGE, same_minor};
 pub const PROVIDER_WORLD: &str = "cro:provider/provider-world";
 
 /// The provider interfaces this host can call, with versions, for messages:
-/// `cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0`.
+/// `cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0 or ...`.
 pub fn served_exports() -> String {
     EXPORTS
         .iter()
@@ -262,7 +262,7 @@ mod tests {
         }
         for missing in [
             "cro:provider/http@0.2.0",
-            "cro:provider/types@0.3.0",
+            "cro:provider/types@0.4.0",
             "cro:provider/backdoor@0.1.0",
             "wasi:http/outgoing-handler@0.2.0",
             "wasi:cli/environment@0.3.0",

@@ -109,7 +109,8 @@ pub use cache::{CacheError, CacheOutcome, CacheStats, ComponentCache};
 pub use compile::{CompileError, Compiler};
 pub use domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
-    FabricError, ProviderError, ProviderInfo, RemoveOutcome,
+    FabricError, FabricPool, FreeDevices, PoolKind, PoolOutcome, PoolQuery, ProviderError,
+    ProviderInfo, RemoveOutcome,
 };
 pub use engine::{EngineError, RuntimeOptions};
 pub use gate::{

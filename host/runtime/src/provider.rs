@@ -20,7 +20,8 @@ use crate::call::{CallCtx, ProviderCaps};
 use crate::caps::wasi::capture::TailCapture;
 use crate::domain::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, FabricError,
-    InvalidId, ProviderError, ProviderInfo, RemoveOutcome,
+    FabricPool, FreeDevices, InvalidId, PoolKind, PoolOutcome, PoolQuery, ProviderError,
+    ProviderInfo, RemoveOutcome,
 };
 use crate::engine::EngineShared;
 use crate::gate::{CallStats, DenialCounts};
@@ -297,6 +298,51 @@ impl Provider {
                     .map_err(|e| self.refused_id(e))?;
                 Ok(devices.into_iter().map(|d| t.device(d)).collect())
             }
+            Err(e) => Err(t.error(e).into()),
+        }
+    }
+
+    /// The fabric's free devices by pool (contract 0.3.0 and later). A provider of an
+    /// older contract is not called: its answer is `not-supported`, saying so.
+    pub async fn pool(&self, query: &PoolQuery) -> Result<PoolOutcome, CallError> {
+        let version = self.inner.pre.version();
+        if matches!(version, Version::V0_1 | Version::V0_2) {
+            return Ok(PoolOutcome::NotSupported(format!(
+                "the provider targets contract {}, which has no pool (added in 0.3.0)",
+                version.as_str()
+            )));
+        }
+        let query = query.clone();
+        let reply = self
+            .call(Box::new(move |g, s| {
+                Box::pin(async move {
+                    match g.pool(s, &query).await {
+                        Some(reply) => reply,
+                        None => Ok(Ok(PoolOutcome::NotSupported(
+                            "this contract version has no pool".into(),
+                        ))),
+                    }
+                })
+            }))
+            .await?;
+        let t = self.text();
+        match reply {
+            Ok(PoolOutcome::Pools(pools)) => {
+                // Like a listing, one bad pool refuses the whole reply: publishing part
+                // of a pool would advertise a fabric the provider cannot describe.
+                if let Err(e) = pools.iter().try_for_each(FabricPool::check) {
+                    tracing::warn!(
+                        provider = %self.inner.spec.name,
+                        error = %escape_line(&e.to_string(), LOGGED_ERROR_BYTES),
+                        "provider returned a malformed pool"
+                    );
+                    return Err(t.error(e).into());
+                }
+                Ok(PoolOutcome::Pools(
+                    pools.into_iter().map(|p| t.pool(p)).collect(),
+                ))
+            }
+            Ok(PoolOutcome::NotSupported(why)) => Ok(PoolOutcome::NotSupported(t.prose(why))),
             Err(e) => Err(t.error(e).into()),
         }
     }
@@ -624,6 +670,27 @@ impl Clipper<'_> {
             model: self.s(d.model),
             device_id: self.s(d.device_id),
             fabric_device_id: self.s(d.fabric_device_id),
+        }
+    }
+
+    /// A pool's ids clipped (they were checked), its model names clipped like a
+    /// listed device's.
+    fn pool(&self, p: FabricPool) -> FabricPool {
+        FabricPool {
+            id: self.s(p.id),
+            nodes: p.nodes.into_iter().map(|n| self.s(n)).collect(),
+            free: p
+                .free
+                .into_iter()
+                .map(|f| FreeDevices {
+                    kind: PoolKind {
+                        device_type: f.kind.device_type,
+                        model: self.s(f.kind.model),
+                    },
+                    count: f.count,
+                    sizes: f.sizes,
+                })
+                .collect(),
         }
     }
 

@@ -61,12 +61,12 @@ async fn a_random_file_is_refused() {
 async fn a_future_version_is_refused_by_name() {
     let err = load_file(cro_test_support::component("future-version-provider")).await;
     assert!(
-        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.3.0"),
+        matches!(&err, LoadError::UnsupportedVersion { found } if found == "0.9.0"),
         "{err:?}"
     );
     assert_eq!(
         err.to_string(),
-        "the component targets cro:provider@0.3.0; this host supports 0.1.0, 0.2.0"
+        "the component targets cro:provider@0.9.0; this host supports 0.1.0, 0.2.0, 0.3.0"
     );
 }
 
@@ -81,7 +81,8 @@ async fn a_component_of_another_world_is_refused() {
     let text = err.to_string();
     assert!(
         text.contains(
-            "does not export cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0"
+            "does not export cro:provider/provider@0.1.0 or cro:provider/cdi-provider@0.2.0 \
+             or cro:provider/cdi-provider@0.3.0"
         ),
         "{text}"
     );
@@ -170,14 +171,14 @@ fn inspect_refuses_non_components() {
 }
 
 #[tokio::test]
-async fn a_0_2_0_component_declares_what_it_needs_and_0_1_0_does_not() {
+async fn a_0_3_0_component_declares_what_it_needs_and_0_1_0_does_not() {
     let bytes = std::fs::read(cro_test_support::component("fti-provider")).unwrap();
     let info = cro_runtime::inspect(&bytes).unwrap();
-    assert_eq!(info.contract_version.as_deref(), Some("0.2.0"));
+    assert_eq!(info.contract_version.as_deref(), Some("0.3.0"));
     assert!(info.supported_version);
     assert!(info.unsatisfied_imports.is_empty(), "{info:?}");
     let export = &info.exports[0];
-    assert_eq!(export.name, "cro:provider/cdi-provider@0.2.0");
+    assert_eq!(export.name, "cro:provider/cdi-provider@0.3.0");
     assert_eq!(
         export.functions,
         [
@@ -185,13 +186,16 @@ async fn a_0_2_0_component_declares_what_it_needs_and_0_1_0_does_not() {
             "add-resource",
             "remove-resource",
             "check-resource",
-            "get-resources"
+            "get-resources",
+            "get-pool"
         ]
     );
-    // 0.2.0 reuses the 0.1.0 capability interfaces: one host implementation for both.
+    // 0.3.0 reuses the 0.1.0 capability interfaces and the 0.2.0 records: one host
+    // implementation for all.
     let names: Vec<&str> = info.imports.iter().map(|i| i.name.as_str()).collect();
     assert!(names.contains(&"cro:provider/http@0.1.0"), "{names:?}");
     assert!(names.contains(&"cro:provider/types@0.2.0"), "{names:?}");
+    assert!(names.contains(&"cro:provider/pool@0.3.0"), "{names:?}");
 
     // `describe` runs at load with nothing granted (the load would fail if it used an
     // import: every capability is denied).
@@ -199,7 +203,7 @@ async fn a_0_2_0_component_declares_what_it_needs_and_0_1_0_does_not() {
         .describe_bytes(bytes)
         .await
         .unwrap()
-        .expect("a 0.2.0 component declares");
+        .expect("a 0.3.0 component declares");
     assert_eq!(declared.name, "fti");
     assert_eq!(declared.capabilities.http, ["${endpoint}"]);
     assert!(declared.capabilities.clocks);
@@ -227,7 +231,7 @@ async fn both_served_versions_load_side_by_side_with_their_reports() {
     spec.config.insert("api_typo".into(), "FM".into());
     let new = rt.load(&spec, cluster).await.unwrap();
     assert_eq!(old.contract_version(), "0.1.0");
-    assert_eq!(new.contract_version(), "0.2.0");
+    assert_eq!(new.contract_version(), "0.3.0");
     assert!(old.info().is_none());
     assert!(!old.capability_report().declared);
     let report = new.capability_report();
@@ -248,6 +252,26 @@ async fn both_served_versions_load_side_by_side_with_their_reports() {
         Ok(cro_runtime::AddOutcome::Attached(_))
     ));
     let err = new.add(&AddRequest::new(gpu.clone())).await.unwrap_err();
+    assert!(
+        matches!(err, cro_runtime::CallError::Provider(_)),
+        "{err:?}"
+    );
+    // A provider of a contract without a pool is not called for one: it says why.
+    let query = cro_runtime::PoolQuery {
+        kinds: vec![cro_runtime::PoolKind {
+            device_type: cro_runtime::DeviceType::Gpu,
+            model: "A100".into(),
+        }],
+        nodes: vec!["w0".into()],
+    };
+    match old.pool(&query).await {
+        Ok(cro_runtime::PoolOutcome::NotSupported(why)) => {
+            assert!(why.contains("contract 0.1.0, which has no pool"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The 0.3.0 one is, and its refused HTTP is a typed error, not an empty pool.
+    let err = new.pool(&query).await.unwrap_err();
     assert!(
         matches!(err, cro_runtime::CallError::Provider(_)),
         "{err:?}"

@@ -3,7 +3,7 @@
 //!
 //! The vendor logic is a plain library over the SDK's [`Host`] trait, so it runs and is
 //! tested natively; on `wasm32` (feature `component`, on by default) the SDK exports it
-//! as a `cro:provider@0.2.0` component. The bindings and their plumbing live in
+//! as a `cro:provider@0.3.0` component. The bindings and their plumbing live in
 //! `cro-provider-sdk`; `providers/test-components/fti-v0-1-0` wraps the same logic in the 0.1.0 world.
 //!
 //! ```text
@@ -24,6 +24,7 @@ mod fm;
 mod health;
 pub mod jwt;
 pub mod machine;
+mod pool;
 mod reply;
 mod reserve;
 pub mod token;
@@ -32,8 +33,9 @@ pub use config::{ApiType, Config};
 // The host abstraction and the contract's types are the SDK's.
 pub use cro_provider_sdk::{
     AddOutcome, AddRequest, AttachedDevice, Claim, ComposableResource, DeviceInfo, DeviceType,
-    Host, HttpError, HttpRequest, HttpResponse, LogLevel, LookupError, Method, ProviderError,
-    ProviderInfo, RemoveOutcome, SecretError,
+    FabricPool, FreeDevices, Host, HttpError, HttpRequest, HttpResponse, LogLevel, LookupError,
+    Method, PoolKind, PoolOutcome, PoolQuery, ProviderError, ProviderInfo, RemoveOutcome,
+    SecretError,
 };
 use cro_provider_sdk::{
     Capabilities, ConfigKey, DeviceKind, LookupKind, Provider, encode, lenient,
@@ -127,30 +129,8 @@ impl<H: Host> Fti<H> {
     pub fn get_resources(&self) -> Result<Vec<DeviceInfo>, ProviderError> {
         let cfg = Config::load(&self.host)?;
         let f = Fabric::new(&self.host, &cfg);
-        let nodes = self.host.list_nodes().map_err(|e| match e {
-            LookupError::Denied(m) => ProviderError::Denied(format!("listing Nodes: {m}")),
-            LookupError::NotFound(m) | LookupError::Other(m) => {
-                ProviderError::Other(format!("listing Nodes: {m}"))
-            }
-        })?;
         let mut out = Vec::new();
-        for json in &nodes {
-            let (node, machine) = machine::of_listed_node(&self.host, &cfg, json)?;
-            let machine = match machine {
-                Ok(m) => m,
-                Err(MachineError::NotOnFabric(why)) => {
-                    self.host.log(
-                        LogLevel::Debug,
-                        &format!("node {node} is not on the fabric: {why}"),
-                    );
-                    continue;
-                }
-                Err(MachineError::Lookup(e)) if skippable_lookup(&e) => {
-                    self.skipped(&node, &format!("its machine lookup failed: {e}"));
-                    continue;
-                }
-                Err(MachineError::Lookup(e)) => return Err(e),
-            };
+        for (node, machine) in self.fabric_nodes(&cfg, |_| true)? {
             let devices = match cfg.api_type {
                 ApiType::Fm => fm::devices(&f, &node, &machine),
                 ApiType::Cm => cm::devices(&f, &node, &machine),
@@ -164,6 +144,61 @@ impl<H: Host> Fti<H> {
                     );
                 }
                 Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The free devices of the query's kinds, one pool per fabric (Fabric Manager).
+    /// The Cluster Manager API has no read of free devices: `not-supported`.
+    pub fn get_pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        let cfg = Config::load(&self.host)?;
+        if cfg.api_type == ApiType::Cm {
+            return Ok(PoolOutcome::NotSupported(
+                "the FTI Cluster Manager API does not report free devices; a provider with \
+                 api_type fm (the Fabric Manager) does"
+                    .into(),
+            ));
+        }
+        let asked: std::collections::BTreeSet<&str> =
+            query.nodes.iter().map(String::as_str).collect();
+        let nodes = self.fabric_nodes(&cfg, |n| asked.contains(n))?;
+        pool::read(&Fabric::new(&self.host, &cfg), &nodes, &query.kinds)
+    }
+
+    /// The cluster's nodes (those `keep` accepts) that are fabric machines, with their
+    /// machines, from one listing of Nodes. Nodes that are not fabric machines are
+    /// skipped; so is, with a warning, a node whose machine lookup fails: one such node
+    /// must not hide all the others. A refused grant fails the whole read.
+    fn fabric_nodes(
+        &self,
+        cfg: &Config,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, String)>, ProviderError> {
+        let nodes = self.host.list_nodes().map_err(|e| match e {
+            LookupError::Denied(m) => ProviderError::Denied(format!("listing Nodes: {m}")),
+            LookupError::NotFound(m) | LookupError::Other(m) => {
+                ProviderError::Other(format!("listing Nodes: {m}"))
+            }
+        })?;
+        let mut out = Vec::new();
+        for json in &nodes {
+            let (node, machine) = machine::of_listed_node(&self.host, cfg, json)?;
+            if !keep(&node) {
+                continue;
+            }
+            match machine {
+                Ok(m) => out.push((node, m)),
+                Err(MachineError::NotOnFabric(why)) => {
+                    self.host.log(
+                        LogLevel::Debug,
+                        &format!("node {node} is not on the fabric: {why}"),
+                    );
+                }
+                Err(MachineError::Lookup(e)) if skippable_lookup(&e) => {
+                    self.skipped(&node, &format!("its machine lookup failed: {e}"));
+                }
+                Err(MachineError::Lookup(e)) => return Err(e),
             }
         }
         Ok(out)
@@ -245,6 +280,10 @@ impl<H: Host> Provider for Fti<H> {
     /// needed to list.
     fn get_resources(&self, _claims: &[Claim]) -> Result<Vec<DeviceInfo>, ProviderError> {
         Fti::get_resources(self)
+    }
+
+    fn get_pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        Fti::get_pool(self, query)
     }
 }
 

@@ -1,7 +1,10 @@
-//! Check (a GPU's health) and the listing of every GPU connected to the cluster's
-//! nodes.
+//! Check (a GPU's health), the listing of every GPU connected to the cluster's
+//! nodes, and the free pool.
 
-use cro_provider_sdk::{ComposableResource, DeviceInfo, DeviceType, Host, LogLevel, ProviderError};
+use cro_provider_sdk::{
+    ComposableResource, DeviceInfo, DeviceType, FabricPool, FreeDevices, Host, LogLevel,
+    PoolOutcome, PoolQuery, ProviderError,
+};
 
 use crate::client::Client;
 use crate::node::names_by_node;
@@ -84,4 +87,61 @@ pub fn list<H: Host + ?Sized>(client: &Client<'_, H>) -> Result<Vec<DeviceInfo>,
         }
     }
     Ok(out)
+}
+
+/// The id of the one pool CDIM is: any free GPU can be connected to any of its nodes.
+pub const POOL_ID: &str = "cdim";
+
+/// The GPUs an attach could take (detected, healthy, connected to nothing; model
+/// compared like an attach: trimmed, case-insensitive), counted per asked kind; one
+/// pool reaching every asked Node whose providerID is a CDIM node.
+pub fn pool<H: Host + ?Sized>(
+    client: &Client<'_, H>,
+    query: &PoolQuery,
+) -> Result<PoolOutcome, ProviderError> {
+    let names = names_by_node(client.host())?;
+    let nodes: Vec<String> = client
+        .nodes()?
+        .iter()
+        .filter_map(|n| names.get(&n.id.to_ascii_lowercase()))
+        .filter(|name| query.nodes.contains(name))
+        .cloned()
+        .collect();
+    let resources = client.resources()?;
+    let free = query
+        .kinds
+        .iter()
+        .map(|kind| {
+            let count = if kind.device_type == DeviceType::Gpu {
+                resources
+                    .iter()
+                    .filter(|e| {
+                        e.detected
+                            && e.device.is_gpu()
+                            && !e.device.id.is_empty()
+                            && e.device.connected_to().is_none()
+                            && e.node_ids.is_empty()
+                            && e.device.healthy()
+                            && e.device
+                                .model
+                                .trim()
+                                .eq_ignore_ascii_case(kind.model.trim())
+                    })
+                    .count()
+            } else {
+                // CDIM composes GPUs only.
+                0
+            };
+            FreeDevices {
+                kind: kind.clone(),
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                sizes: Vec::new(),
+            }
+        })
+        .collect();
+    Ok(PoolOutcome::Pools(vec![FabricPool {
+        id: POOL_ID.to_string(),
+        nodes,
+        free,
+    }]))
 }

@@ -3,7 +3,7 @@
 //! the Go operator's NEC client (`internal/cdi/nec/client.go`) does.
 //!
 //! The vendor logic is a plain library over the SDK's [`Host`] trait, tested natively;
-//! on `wasm32` (feature `component`) the SDK exports it as a `cro:provider@0.2.0`
+//! on `wasm32` (feature `component`) the SDK exports it as a `cro:provider@0.3.0`
 //! component.
 //!
 //! - configuration: `configuration_manager_endpoint`, `layout_apply_endpoint`
@@ -24,8 +24,8 @@ pub mod node;
 
 pub use config::Config;
 pub use cro_provider_sdk::{
-    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, DeviceType, Host, ProviderError,
-    ProviderInfo, RemoveOutcome,
+    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, DeviceType, Host, PoolOutcome,
+    PoolQuery, ProviderError, ProviderInfo, RemoveOutcome,
 };
 use cro_provider_sdk::{Capabilities, ConfigKey, DeviceKind, LookupKind, Provider};
 
@@ -93,6 +93,11 @@ impl<H: Host> Nec<H> {
     pub fn list(&self) -> Result<Vec<DeviceInfo>, ProviderError> {
         self.with_client(inventory::list)
     }
+
+    /// CDIM's free GPUs of the query's models: one pool.
+    pub fn pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        self.with_client(|client| inventory::pool(client, query))
+    }
 }
 
 /// What the NEC provider is and needs (`describe`).
@@ -149,6 +154,10 @@ impl<H: Host> Provider for Nec<H> {
     /// list.
     fn get_resources(&self, _claims: &[Claim]) -> Result<Vec<DeviceInfo>, ProviderError> {
         self.list()
+    }
+
+    fn get_pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        self.pool(query)
     }
 }
 

@@ -1,7 +1,10 @@
-//! Check (a device's health) and the listing of every device composed into the
-//! cluster's systems.
+//! Check (a device's health), the listing of every device composed into the
+//! cluster's systems, and the free pool.
 
-use cro_provider_sdk::{ComposableResource, DeviceInfo, Host, LogLevel, ProviderError};
+use cro_provider_sdk::{
+    ComposableResource, DeviceInfo, DeviceType, FabricPool, FreeDevices, Host, LogLevel, PoolKind,
+    PoolOutcome, PoolQuery, ProviderError,
+};
 
 use crate::fabric::Fabric;
 use crate::locate::{Located, locate};
@@ -98,4 +101,77 @@ pub fn list<H: Host + ?Sized>(fabric: &Fabric<'_, H>) -> Result<Vec<DeviceInfo>,
         }
     }
     Ok(out)
+}
+
+/// The id of the one pool a composition service is: any unused block can be composed
+/// into any of its systems.
+pub const POOL_ID: &str = "composition-service";
+
+/// The unused blocks of the asked kinds (model compared like an attach does: trimmed,
+/// case-insensitive), with memory sizes; one pool reaching every asked node whose
+/// providerID names a system of the service. A block `Composing` is not free.
+pub fn pool<H: Host + ?Sized>(
+    fabric: &Fabric<'_, H>,
+    query: &PoolQuery,
+) -> Result<PoolOutcome, ProviderError> {
+    let host = fabric.client.host();
+    let by_system = nodes_by_system(host)?;
+    let systems: std::collections::BTreeSet<String> = fabric
+        .systems()?
+        .iter()
+        .map(|l| l.last_segment().to_string())
+        .collect();
+    let nodes: Vec<String> = by_system
+        .iter()
+        .filter(|(system, node)| systems.contains(*system) && query.nodes.contains(node))
+        .map(|(_, node)| node.clone())
+        .collect();
+    let mut free: Vec<FreeDevices> = query
+        .kinds
+        .iter()
+        .map(|kind| FreeDevices {
+            kind: kind.clone(),
+            count: 0,
+            sizes: Vec::new(),
+        })
+        .collect();
+    for link in fabric.all_blocks()? {
+        let Some(block) = fabric.block_at(link.path()?)? else {
+            continue;
+        };
+        if block.composition() != Composition::Unused || block.device_type().is_none() {
+            continue;
+        }
+        let slot = fabric.slot(block)?;
+        let (Some(device_type), Some(device)) = (slot.block.device_type(), &slot.device) else {
+            continue;
+        };
+        let Some(entry) = free
+            .iter_mut()
+            .find(|f| same_kind(&f.kind, device_type, device.model()))
+        else {
+            continue;
+        };
+        entry.count = entry.count.saturating_add(1);
+        if device_type == DeviceType::Cxlmemory
+            && let Some(mib) = device.capacity_mib
+        {
+            entry.sizes.push(mib.saturating_mul(1 << 20));
+        }
+    }
+    // Sizes are reported only when every free device of the kind said its size.
+    for f in &mut free {
+        if f.sizes.len() != f.count as usize {
+            f.sizes.clear();
+        }
+    }
+    Ok(PoolOutcome::Pools(vec![FabricPool {
+        id: POOL_ID.to_string(),
+        nodes,
+        free,
+    }]))
+}
+
+fn same_kind(kind: &PoolKind, device_type: DeviceType, model: &str) -> bool {
+    kind.device_type == device_type && kind.model.trim().eq_ignore_ascii_case(model)
 }

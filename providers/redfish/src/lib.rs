@@ -4,7 +4,7 @@
 //! docs/redfish-api.md).
 //!
 //! The vendor logic is a plain library over the SDK's [`Host`] trait, tested natively;
-//! on `wasm32` (feature `component`) the SDK exports it as a `cro:provider@0.2.0`
+//! on `wasm32` (feature `component`) the SDK exports it as a `cro:provider@0.3.0`
 //! component.
 //!
 //! - configuration: `endpoint` (required), `timeout_ms` ([`config`]);
@@ -27,8 +27,8 @@ mod resources;
 pub use client::SESSION_KEY;
 pub use config::Config;
 pub use cro_provider_sdk::{
-    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, DeviceType, Host, ProviderError,
-    ProviderInfo, RemoveOutcome,
+    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, DeviceType, Host, PoolOutcome,
+    PoolQuery, ProviderError, ProviderInfo, RemoveOutcome,
 };
 use cro_provider_sdk::{Capabilities, ConfigKey, DeviceKind, LookupKind, Provider};
 
@@ -99,6 +99,11 @@ impl<H: Host> Redfish<H> {
     pub fn list(&self) -> Result<Vec<DeviceInfo>, ProviderError> {
         self.with_fabric(inventory::list)
     }
+
+    /// The unused blocks of the query's kinds: one pool, the composition service.
+    pub fn pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        self.with_fabric(|f| inventory::pool(f, query))
+    }
 }
 
 /// What the Redfish provider is and needs (`describe`).
@@ -161,6 +166,10 @@ impl<H: Host> Provider for Redfish<H> {
     /// are not needed to list.
     fn get_resources(&self, _claims: &[Claim]) -> Result<Vec<DeviceInfo>, ProviderError> {
         self.list()
+    }
+
+    fn get_pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError> {
+        self.pool(query)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The component glue (wasm32 only): [`WasmHost`] (the [`Host`] trait over the WIT
-//! imports) and, with feature `export`, the `cro:provider@0.2.0` bindings and the export
+//! imports) and, with feature `export`, the `cro:provider@0.3.0` bindings and the export
 //! of a [`crate::Provider`]. Vendors never touch the bindings: `export_provider!` wires
 //! their type in.
 
@@ -11,7 +11,7 @@ use crate::host::{
 
 /// The capability imports alone (a world with no export), so a crate wrapping provider
 /// logic in another contract version can reuse [`WasmHost`] (providers/test-components/fti-v0-1-0 does)
-/// without this crate's 0.2.0 export being linked in.
+/// without this crate's 0.3.0 export being linked in.
 #[doc(hidden)]
 pub mod imports {
     wit_bindgen::generate!({
@@ -32,12 +32,12 @@ pub mod imports {
     });
 }
 
-/// The `cro:provider@0.2.0` world's bindings (public for `export_provider!` only).
+/// The `cro:provider@0.3.0` world's bindings (public for `export_provider!` only).
 #[cfg(feature = "export")]
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/since_v0.2.0",
+        path: "../../wit/since_v0.3.0",
         world: "provider-world",
         with: {
             "cro:provider/http@0.1.0": crate::guest::imports::cro::provider::http,
@@ -46,6 +46,8 @@ pub mod bindings {
             "cro:provider/config@0.1.0": crate::guest::imports::cro::provider::config,
             "cro:provider/log@0.1.0": crate::guest::imports::cro::provider::log,
             "cro:provider/state@0.1.0": crate::guest::imports::cro::provider::state,
+            "cro:provider/types@0.2.0": generate,
+            "cro:provider/pool@0.3.0": generate,
         },
         pub_export_macro: true,
         export_macro_name: "__export_cro_provider_world",
@@ -170,7 +172,8 @@ mod export {
 
     use super::WasmHost;
     use super::bindings::cro::provider0_2_0::types as wit;
-    use super::bindings::exports::cro::provider0_2_0::cdi_provider::Guest;
+    use super::bindings::cro::provider0_3_0::pool as wit_pool;
+    use super::bindings::exports::cro::provider0_3_0::cdi_provider::Guest;
     use crate::model;
     use crate::provider::Provider;
 
@@ -244,6 +247,50 @@ mod export {
                     fabric_device_id: d.fabric_device_id,
                 })
                 .collect())
+        }
+
+        fn get_pool(
+            query: wit_pool::PoolQuery,
+        ) -> Result<wit_pool::PoolOutcome, wit::ProviderError> {
+            let query = model::PoolQuery {
+                kinds: query.kinds.into_iter().map(kind_in).collect(),
+                nodes: query.nodes,
+            };
+            match P::from_host(WasmHost).get_pool(&query) {
+                Ok(model::PoolOutcome::Pools(pools)) => Ok(wit_pool::PoolOutcome::Pools(
+                    pools.into_iter().map(pool_out).collect(),
+                )),
+                Ok(model::PoolOutcome::NotSupported(why)) => {
+                    Ok(wit_pool::PoolOutcome::NotSupported(why))
+                }
+                Err(e) => Err(error_out(e)),
+            }
+        }
+    }
+
+    fn kind_in(k: wit_pool::DeviceKind) -> model::PoolKind {
+        model::PoolKind {
+            device_type: device_type_in(k.device_type),
+            model: k.model,
+        }
+    }
+
+    fn pool_out(p: model::FabricPool) -> wit_pool::FabricPool {
+        wit_pool::FabricPool {
+            id: p.id,
+            nodes: p.nodes,
+            free: p
+                .free
+                .into_iter()
+                .map(|f| wit_pool::FreeDevices {
+                    kind: wit_pool::DeviceKind {
+                        device_type: device_type_out(f.kind.device_type),
+                        model: f.kind.model,
+                    },
+                    count: f.count,
+                    sizes: f.sizes,
+                })
+                .collect(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! `cro-provider-sdk`: what a Rust vendor needs to write a cro provider (contract
-//! `cro:provider@0.2.0`) without touching WIT bindings.
+//! `cro:provider@0.3.0`) without touching WIT bindings.
 //!
-//! - [`Provider`]: the five operations in the host's own terms ([`model`]);
+//! - [`Provider`]: the six operations in the host's own terms ([`model`]);
 //! - [`Host`]: what the host offers (HTTP, Secret keys, cluster lookups, configuration,
 //!   logging, `state`, the clock); inside a component `WasmHost` implements it;
 //! - [`json`]: JSON over HTTP with typed errors (a fabric's error reply keeps the
@@ -42,7 +42,8 @@ pub use host::{
 };
 pub use model::{
     AddOutcome, AddRequest, AttachedDevice, Capabilities, Claim, ComposableResource, ConfigKey,
-    DeviceInfo, DeviceKind, DeviceType, LookupKind, ProviderError, ProviderInfo, RemoveOutcome,
+    DeviceInfo, DeviceKind, DeviceType, FabricPool, FreeDevices, LookupKind, PoolKind, PoolOutcome,
+    PoolQuery, ProviderError, ProviderInfo, RemoveOutcome,
 };
 pub use provider::Provider;
 

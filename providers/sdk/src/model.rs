@@ -1,6 +1,7 @@
 //! The provider contract in the host's own terms (the records of the WIT `types`
-//! interface, version 0.2.0): vendor logic is written and tested natively over these,
-//! and the component glue (`crate::guest`) converts them 1:1.
+//! interface of version 0.2.0 and the `pool` interface of 0.3.0): vendor logic is
+//! written and tested natively over these, and the component glue (`crate::guest`)
+//! converts them 1:1.
 
 use std::fmt;
 
@@ -250,4 +251,49 @@ pub struct ProviderInfo {
     pub devices: Vec<DeviceKind>,
     pub capabilities: Capabilities,
     pub config: Vec<ConfigKey>,
+}
+
+/// Devices of one type and model (the unit of a pool).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKind {
+    pub device_type: DeviceType,
+    pub model: String,
+}
+
+/// What the host asks about the fabric's free devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolQuery {
+    /// The kinds to count (a fabric that lists its free devices may report more; the
+    /// host ignores kinds it did not ask for).
+    pub kinds: Vec<PoolKind>,
+    /// The Kubernetes nodes the provider serves: say which of them each pool reaches.
+    pub nodes: Vec<String>,
+}
+
+/// Free devices of one kind in one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeDevices {
+    pub kind: PoolKind,
+    pub count: u32,
+    /// CXL memory: each free device's size in bytes, when the fabric says (at most
+    /// `count`); empty for GPUs.
+    pub sizes: Vec<u64>,
+}
+
+/// Free devices that can each be attached to any node of `nodes` (FTI: one fabric).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricPool {
+    /// The fabric's own name for the pool: an identifier, stable across calls.
+    pub id: String,
+    /// The query's nodes this pool reaches.
+    pub nodes: Vec<String>,
+    pub free: Vec<FreeDevices>,
+}
+
+/// What a pool read found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolOutcome {
+    Pools(Vec<FabricPool>),
+    /// The fabric has no way to tell its free devices; says why.
+    NotSupported(String),
 }

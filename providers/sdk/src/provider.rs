@@ -1,10 +1,10 @@
-//! The `Provider` trait: the five operations of contract 0.2.0 in the host's own terms.
+//! The `Provider` trait: the six operations of contract 0.3.0 in the host's own terms.
 //! A vendor implements it over a [`crate::Host`]; `export_provider!` makes it the
 //! component's export.
 
 use crate::model::{
-    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, ProviderError, ProviderInfo,
-    RemoveOutcome,
+    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, PoolOutcome, PoolQuery,
+    ProviderError, ProviderInfo, RemoveOutcome,
 };
 
 /// What a provider does. One value serves one call (instances live for one call).
@@ -30,4 +30,10 @@ pub trait Provider {
     /// Every device the fabric has attached to the cluster's machines; `claims` are the
     /// devices ComposableResources hold.
     fn get_resources(&self, claims: &[Claim]) -> Result<Vec<DeviceInfo>, ProviderError>;
+
+    /// The fabric's free devices of the query's kinds, by pool, and which of the query's
+    /// nodes each pool reaches. A read: it must not attach or detach. A fabric that
+    /// cannot tell its free devices answers `PoolOutcome::NotSupported` with why (no
+    /// default: a provider says which it is).
+    fn get_pool(&self, query: &PoolQuery) -> Result<PoolOutcome, ProviderError>;
 }

@@ -95,7 +95,7 @@ pub use config::{Clock, Credentials, SimConfig, system_clock};
 pub use faults::{Fault, Injection};
 pub use record::{RecordedRequest, Route};
 pub use sim_kit::{FaultId, Scope, TlsError};
-pub use state::{DeviceStatus, SimDevice};
+pub use state::{DEFAULT_FABRIC, DeviceStatus, SimDevice};
 
 use shared::{Shared, lock};
 
@@ -118,6 +118,8 @@ pub enum SimError {
 pub struct SimMachine {
     pub uuid: String,
     pub name: String,
+    /// The fabric whose pools the machine draws from.
+    pub fabric_id: u64,
 }
 
 struct Inner {
@@ -281,13 +283,53 @@ impl FabricSim {
             .map(|m| SimMachine {
                 uuid: m.uuid.clone(),
                 name: m.name.clone(),
+                fabric_id: m.fabric_id,
             })
             .collect()
     }
 
-    /// Adds `n` new devices to the free pool of (type, model) and returns them.
+    /// Puts a machine on another fabric: it can then only take devices from that
+    /// fabric's pools (the default fabric is [`DEFAULT_FABRIC`]).
+    pub fn set_machine_fabric(&self, uuid: &str, fabric_id: u64) -> Result<(), SimError> {
+        lock(&self.shared().fabric)
+            .set_machine_fabric(uuid, fabric_id)
+            .map_err(|_| SimError::UnknownMachine(uuid.to_string()))
+    }
+
+    /// Adds `n` new devices to the default fabric's free pool of (type, model) and
+    /// returns them.
     pub fn add_free_devices(&self, res_type: &str, model: &str, n: usize) -> Vec<SimDevice> {
-        lock(&self.shared().fabric).add_free(res_type, model, n)
+        self.add_free_devices_on(DEFAULT_FABRIC, res_type, model, n)
+    }
+
+    /// Adds `n` new devices to `fabric_id`'s free pool of (type, model).
+    pub fn add_free_devices_on(
+        &self,
+        fabric_id: u64,
+        res_type: &str,
+        model: &str,
+        n: usize,
+    ) -> Vec<SimDevice> {
+        lock(&self.shared().fabric).add_free(fabric_id, res_type, model, n)
+    }
+
+    /// Takes up to `n` free devices of (type, model) out of `fabric_id`'s pool behind
+    /// the provider's back (another tenant took them); returns how many went.
+    pub fn take_free_devices(
+        &self,
+        fabric_id: u64,
+        res_type: &str,
+        model: &str,
+        n: usize,
+    ) -> usize {
+        lock(&self.shared().fabric).take_free_away(fabric_id, res_type, model, n)
+    }
+
+    /// Free devices of (type, model) in one fabric's pool.
+    pub fn free_devices_on(&self, fabric_id: u64, res_type: &str, model: &str) -> usize {
+        let mut fabric = lock(&self.shared().fabric);
+        fabric.settle(Some(Instant::now()));
+        fabric.free_in(fabric_id, res_type, model)
     }
 
     /// Seeds a new device attached to `machine` (`ADD_COMPLETE`); the pool is untouched.

@@ -60,16 +60,19 @@ fn parse_machine(spec: &str) -> MachineSetup {
         Some((uuid, name)) => MachineSetup {
             uuid: Some(uuid.to_string()),
             name: name.to_string(),
+            fabric_id: None,
             devices: Vec::new(),
         },
         None if uuid_like(spec) => MachineSetup {
             uuid: Some(spec.to_string()),
             name: spec.to_string(),
+            fabric_id: None,
             devices: Vec::new(),
         },
         None => MachineSetup {
             uuid: None,
             name: spec.to_string(),
+            fabric_id: None,
             devices: Vec::new(),
         },
     }
@@ -95,6 +98,7 @@ fn parse_pool(spec: &str) -> Result<DeviceSetup> {
         res_type: res_type.to_string(),
         model: model.to_string(),
         count,
+        fabric_id: None,
     })
 }
 

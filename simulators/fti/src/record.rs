@@ -5,8 +5,12 @@
 pub enum Route {
     /// `POST id_manager/realms/<realm>/protocol/openid-connect/token`
     Token,
+    /// `GET fabric_manager/api/v1/machines` (every machine of the tenant)
+    FmListMachines,
     /// `GET fabric_manager/api/v1/machines/<machine>`
     FmGetMachine,
+    /// `GET fabric_manager/api/v1/machines/<machine>/available-reserved-resources`
+    FmAvailable,
     /// `PATCH fabric_manager/api/v1/machines/<machine>/update`
     FmAttach,
     /// `DELETE fabric_manager/api/v1/machines/<machine>/update`
@@ -33,7 +37,19 @@ impl Route {
                     "token",
                 ],
             ) => Some(Route::Token),
+            ("GET", ["fabric_manager", "api", "v1", "machines"]) => Some(Route::FmListMachines),
             ("GET", ["fabric_manager", "api", "v1", "machines", _]) => Some(Route::FmGetMachine),
+            (
+                "GET",
+                [
+                    "fabric_manager",
+                    "api",
+                    "v1",
+                    "machines",
+                    _,
+                    "available-reserved-resources",
+                ],
+            ) => Some(Route::FmAvailable),
             ("PATCH", ["fabric_manager", "api", "v1", "machines", _, "update"]) => {
                 Some(Route::FmAttach)
             }
@@ -92,6 +108,17 @@ mod tests {
         assert_eq!(
             Route::classify("GET", "/fabric_manager/api/v1/machines/m"),
             Some(Route::FmGetMachine)
+        );
+        assert_eq!(
+            Route::classify("GET", "/fabric_manager/api/v1/machines"),
+            Some(Route::FmListMachines)
+        );
+        assert_eq!(
+            Route::classify(
+                "GET",
+                "/fabric_manager/api/v1/machines/m/available-reserved-resources"
+            ),
+            Some(Route::FmAvailable)
         );
         assert_eq!(
             Route::classify("PATCH", "/fabric_manager/api/v1/machines/m/update"),

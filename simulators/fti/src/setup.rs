@@ -12,9 +12,11 @@
 //! machines:
 //!   - uuid: 7a0d...            # optional, random otherwise
 //!     name: worker-0
+//!     fabric_id: 1             # optional, 1 otherwise
 //!     devices: [{type: gpu, model: "A100 40G", count: 1}]
 //! pools:
-//!   - {type: gpu, model: "A100 40G", count: 4}
+//!   - {type: gpu, model: "A100 40G", count: 4}              # fabric 1
+//!   - {type: gpu, model: "A100 40G", count: 2, fabric_id: 2}
 //! ```
 
 use std::path::Path;
@@ -68,6 +70,9 @@ pub struct MachineSetup {
     #[serde(default)]
     pub uuid: Option<String>,
     pub name: String,
+    /// The fabric the machine is on (1 when absent).
+    #[serde(default)]
+    pub fabric_id: Option<u64>,
     /// Devices attached from the start.
     #[serde(default)]
     pub devices: Vec<DeviceSetup>,
@@ -81,6 +86,10 @@ pub struct DeviceSetup {
     pub model: String,
     #[serde(default = "one")]
     pub count: usize,
+    /// A pool's fabric (1 when absent); ignored for a machine's devices, which are on
+    /// the machine's fabric.
+    #[serde(default)]
+    pub fabric_id: Option<u64>,
 }
 
 fn one() -> usize {
@@ -139,6 +148,9 @@ impl Setup {
                 .clone()
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
             sim.add_machine(&uuid, &m.name);
+            if let Some(fabric) = m.fabric_id {
+                sim.set_machine_fabric(&uuid, fabric)?;
+            }
             for d in &m.devices {
                 for _ in 0..d.count {
                     sim.attach_directly(&uuid, &d.res_type, &d.model)?;
@@ -146,7 +158,8 @@ impl Setup {
             }
         }
         for p in &self.pools {
-            sim.add_free_devices(&p.res_type, &p.model, p.count);
+            let fabric = p.fabric_id.unwrap_or(crate::DEFAULT_FABRIC);
+            sim.add_free_devices_on(fabric, &p.res_type, &p.model, p.count);
         }
         Ok(())
     }

@@ -1,5 +1,8 @@
 //! The simulated fabric: machines, the devices attached to them, free pools per
-//! (type, model), Cluster Manager specs and the changes still in progress.
+//! (fabric, type, model), Cluster Manager specs and the changes still in progress.
+//!
+//! Like the real Fabric Manager, a machine belongs to one fabric (`fabric_id`, 1 unless
+//! set) and can only take devices from that fabric's pools.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -52,7 +55,12 @@ pub struct SimDevice {
     pub status_reason: String,
     /// Machine uuid when attached, `None` in a free pool.
     pub machine: Option<String>,
+    /// The fabric whose pool the device belongs to.
+    pub fabric_id: u64,
 }
+
+/// The fabric a machine or device belongs to unless set otherwise.
+pub const DEFAULT_FABRIC: u64 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FabricError {
@@ -89,6 +97,7 @@ pub(crate) struct Machine {
     pub uuid: String,
     pub name: String,
     pub mach_id: u64,
+    pub fabric_id: u64,
     slots: Vec<Slot>,
 }
 
@@ -105,6 +114,9 @@ impl Machine {
 
 pub(crate) type SpecKey = (String, String);
 
+/// A free pool: (fabric, type, model).
+type PoolKey = (u64, String, String);
+
 /// What an attach should do differently (from injected faults).
 #[derive(Default)]
 pub(crate) struct AttachOptions {
@@ -115,7 +127,7 @@ pub(crate) struct AttachOptions {
 
 pub(crate) struct Fabric {
     machines: Vec<Machine>,
-    pools: BTreeMap<SpecKey, VecDeque<SimDevice>>,
+    pools: BTreeMap<PoolKey, VecDeque<SimDevice>>,
     specs: BTreeMap<SpecKey, String>,
     next_mach_id: u64,
     next_res_seq: u64,
@@ -136,7 +148,7 @@ impl Fabric {
         }
     }
 
-    /// Adds a machine, or renames it when it exists.
+    /// Adds a machine on the default fabric, or renames it when it exists.
     pub fn add_machine(&mut self, uuid: &str, name: &str) {
         if let Some(m) = self.machines.iter_mut().find(|m| m.uuid == uuid) {
             m.name = name.to_string();
@@ -146,9 +158,16 @@ impl Fabric {
             uuid: uuid.to_string(),
             name: name.to_string(),
             mach_id: self.next_mach_id,
+            fabric_id: DEFAULT_FABRIC,
             slots: Vec::new(),
         });
         self.next_mach_id += 1;
+    }
+
+    /// Moves a machine to another fabric (its attached devices stay attached).
+    pub fn set_machine_fabric(&mut self, uuid: &str, fabric_id: u64) -> Result<(), FabricError> {
+        self.machine_mut(uuid)?.fabric_id = fabric_id;
+        Ok(())
     }
 
     pub fn machine(&self, uuid: &str) -> Option<&Machine> {
@@ -186,7 +205,7 @@ impl Fabric {
             .ok_or_else(|| FabricError::UnknownSpec(spec_uuid.to_string()))
     }
 
-    fn new_device(&mut self, res_type: &str, model: &str) -> SimDevice {
+    fn new_device(&mut self, fabric_id: u64, res_type: &str, model: &str) -> SimDevice {
         self.spec_uuid(res_type, model);
         let id = uuid::Uuid::new_v4();
         let prefix = if res_type.eq_ignore_ascii_case("gpu") {
@@ -206,22 +225,61 @@ impl Fabric {
             status: DeviceStatus::AddComplete,
             status_reason: String::new(),
             machine: None,
+            fabric_id,
         }
     }
 
-    pub fn add_free(&mut self, res_type: &str, model: &str, n: usize) -> Vec<SimDevice> {
-        let created: Vec<SimDevice> = (0..n).map(|_| self.new_device(res_type, model)).collect();
+    /// `n` new free devices of (type, model) in `fabric_id`'s pool.
+    pub fn add_free(
+        &mut self,
+        fabric_id: u64,
+        res_type: &str,
+        model: &str,
+        n: usize,
+    ) -> Vec<SimDevice> {
+        let created: Vec<SimDevice> = (0..n)
+            .map(|_| self.new_device(fabric_id, res_type, model))
+            .collect();
         self.pools
-            .entry((res_type.to_string(), model.to_string()))
+            .entry((fabric_id, res_type.to_string(), model.to_string()))
             .or_default()
             .extend(created.iter().cloned());
         created
     }
 
+    /// Free devices of (type, model) in every fabric.
     pub fn free_count(&self, res_type: &str, model: &str) -> usize {
         self.pools
-            .get(&(res_type.to_string(), model.to_string()))
+            .iter()
+            .filter(|((_, t, m), _)| t == res_type && m == model)
+            .map(|(_, p)| p.len())
+            .sum()
+    }
+
+    /// Free devices of (type, model) in one fabric.
+    pub fn free_in(&self, fabric_id: u64, res_type: &str, model: &str) -> usize {
+        self.pools
+            .get(&(fabric_id, res_type.to_string(), model.to_string()))
             .map_or(0, VecDeque::len)
+    }
+
+    /// Removes up to `n` free devices of (type, model) from `fabric_id`'s pool, as if
+    /// another tenant or tool took them; returns how many went.
+    pub fn take_free_away(
+        &mut self,
+        fabric_id: u64,
+        res_type: &str,
+        model: &str,
+        n: usize,
+    ) -> usize {
+        let Some(pool) = self
+            .pools
+            .get_mut(&(fabric_id, res_type.to_string(), model.to_string()))
+        else {
+            return 0;
+        };
+        let n = n.min(pool.len());
+        pool.drain(..n).count()
     }
 
     /// Seeds a new device, attached and complete, without touching the pool.
@@ -231,8 +289,8 @@ impl Fabric {
         res_type: &str,
         model: &str,
     ) -> Result<SimDevice, FabricError> {
-        self.machine_mut(machine)?;
-        let mut device = self.new_device(res_type, model);
+        let fabric_id = self.machine_mut(machine)?.fabric_id;
+        let mut device = self.new_device(fabric_id, res_type, model);
         device.machine = Some(machine.to_string());
         self.machine_mut(machine)?.slots.push(Slot {
             device: device.clone(),
@@ -295,22 +353,29 @@ impl Fabric {
         device.status = DeviceStatus::AddComplete;
         device.status_reason.clear();
         self.pools
-            .entry((device.res_type.clone(), device.model.clone()))
+            .entry((
+                device.fabric_id,
+                device.res_type.clone(),
+                device.model.clone(),
+            ))
             .or_default()
             .push_back(device);
     }
 
+    /// `n` free devices of (type, model) from the pool of `machine`'s fabric.
     fn take_free(
         &mut self,
+        machine: &str,
         res_type: &str,
         model: &str,
         n: usize,
         opts: &AttachOptions,
     ) -> Result<Vec<SimDevice>, FabricError> {
+        let fabric_id = self.machine_mut(machine)?.fabric_id;
         let available = if opts.no_free {
             0
         } else {
-            self.free_count(res_type, model)
+            self.free_in(fabric_id, res_type, model)
         };
         if available < n {
             return Err(FabricError::NoFreeDevice {
@@ -321,7 +386,7 @@ impl Fabric {
         }
         let pool = self
             .pools
-            .entry((res_type.to_string(), model.to_string()))
+            .entry((fabric_id, res_type.to_string(), model.to_string()))
             .or_default();
         let mut taken: Vec<SimDevice> = pool.drain(..n).collect();
         if let Some(op) = &opts.op_status {
@@ -341,8 +406,7 @@ impl Fabric {
         n: usize,
         opts: &AttachOptions,
     ) -> Result<Vec<SimDevice>, FabricError> {
-        self.machine_mut(machine)?;
-        let mut taken = self.take_free(res_type, model, n, opts)?;
+        let mut taken = self.take_free(machine, res_type, model, n, opts)?;
         for d in &mut taken {
             d.machine = Some(machine.to_string());
             d.status = DeviceStatus::AddComplete;
@@ -437,7 +501,7 @@ impl Fabric {
             )));
         }
         let n = usize::try_from(device_count - current).unwrap_or(usize::MAX);
-        let mut taken = self.take_free(&key.0, &key.1, n, opts)?;
+        let mut taken = self.take_free(machine, &key.0, &key.1, n, opts)?;
         let due = now.checked_add(self.cm_delay);
         for d in &mut taken {
             d.machine = Some(machine.to_string());
@@ -537,7 +601,7 @@ mod tests {
     fn fabric() -> Fabric {
         let mut f = Fabric::new(Duration::from_secs(10), 8);
         f.add_machine("m1", "node-1");
-        f.add_free("gpu", "A100", 2);
+        f.add_free(DEFAULT_FABRIC, "gpu", "A100", 2);
         f
     }
 

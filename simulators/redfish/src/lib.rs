@@ -187,6 +187,13 @@ impl RedfishSim {
         state.blocks.get(id).cloned()
     }
 
+    /// Every block as it is now (tasks due are finished first).
+    pub fn blocks(&self) -> Vec<Block> {
+        let mut state = lock(&self.shared().state);
+        state.advance(std::time::Instant::now());
+        state.blocks.values().cloned().collect()
+    }
+
     pub fn system(&self, id: &str) -> Option<System> {
         let mut state = lock(&self.shared().state);
         state.advance(std::time::Instant::now());

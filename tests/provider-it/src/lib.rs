@@ -1,7 +1,7 @@
 //! A fixture for running the FTI provider component (built from `providers/fti`) in the
 //! cro runtime against the fabric simulator, over HTTPS on loopback.
 //!
-//! Two builds of FTI can be loaded ([`Build`]): the contract 0.2.0 component (the
+//! Two builds of FTI can be loaded ([`Build`]): the contract 0.3.0 component (the
 //! default) and the 0.1.0 fixture `providers/test-components/fti-v0-1-0`. `CRO_FTI_CONTRACT=0.1.0` makes
 //! every fixture load the 0.1.0 build, so the whole suite proves old components still
 //! work (scripts/test.sh runs it both ways).
@@ -97,8 +97,8 @@ pub(crate) fn shared_runtime() -> Runtime {
 /// A build of the FTI provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Build {
-    /// `providers/fti`: contract 0.2.0, on the SDK.
-    V0_2,
+    /// `providers/fti`: the SDK's contract (0.3.0).
+    Current,
     /// `providers/test-components/fti-v0-1-0`: the same logic in the 0.1.0 world.
     V0_1,
 }
@@ -106,17 +106,18 @@ pub enum Build {
 impl Build {
     pub fn package(self) -> &'static str {
         match self {
-            Build::V0_2 => "fti-provider",
+            Build::Current => "fti-provider",
             Build::V0_1 => "fti-v0-1-0",
         }
     }
 
-    /// `CRO_FTI_CONTRACT=0.1.0` selects the 0.1.0 build; anything else (or nothing) 0.2.0.
+    /// `CRO_FTI_CONTRACT=0.1.0` selects the 0.1.0 build; `0.3.0` (or nothing) the
+    /// current one.
     pub fn from_env() -> Build {
         match std::env::var("CRO_FTI_CONTRACT").as_deref() {
             Ok("0.1.0") => Build::V0_1,
-            Ok("0.2.0") | Err(_) => Build::V0_2,
-            Ok(other) => panic!("CRO_FTI_CONTRACT must be 0.1.0 or 0.2.0, not {other:?}"),
+            Ok("0.3.0") | Err(_) => Build::Current,
+            Ok(other) => panic!("CRO_FTI_CONTRACT must be 0.1.0 or 0.3.0, not {other:?}"),
         }
     }
 }
@@ -136,7 +137,7 @@ pub fn component_bytes_of(build: Build) -> Arc<Vec<u8>> {
     static BYTES: [OnceLock<Arc<Vec<u8>>>; 2] = [OnceLock::new(), OnceLock::new()];
     static BUILDING: Mutex<()> = Mutex::new(());
     let slot = match build {
-        Build::V0_2 => &BYTES[0],
+        Build::Current => &BYTES[0],
         Build::V0_1 => &BYTES[1],
     };
     let _building = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
@@ -156,7 +157,7 @@ pub fn component_bytes_of(build: Build) -> Arc<Vec<u8>> {
 pub fn component_file_of(build: Build) -> PathBuf {
     static FILES: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
     let slot = match build {
-        Build::V0_2 => &FILES[0],
+        Build::Current => &FILES[0],
         Build::V0_1 => &FILES[1],
     };
     slot.get_or_init(|| {

@@ -20,6 +20,8 @@ The fabric API (what the provider calls), under /api/v1, with the header
     DELETE /api/v1/machines/{machine}/devices/{id}   204 detached, 202 detaching,
                                                      404 NOT_ATTACHED
     GET    /api/v1/devices/{id}                      device, 404 NOT_FOUND
+    GET    /api/v1/free                              {"free": [{"type", "model", "count"}]}
+           (devices nobody holds; any machine of the fabric can take any of them)
 
     device: {"id", "serial", "type": "gpu"|"cxlmemory", "model", "machine",
              "state": "attaching"|"attached"|"detaching", "health": "ok"|"warning"}
@@ -36,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -232,6 +235,13 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(404, {"error": f"no device {body.get('device')!r} is attached"})
             if (method, path) == ("GET", "requests"):
                 return self.reply(200, {"requests": STATE.received})
+            if (method, path) == ("GET", "free"):
+                query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+                kind, model = query.get("type", [None])[0], query.get("model", [None])[0]
+                if kind not in DEFAULT_MODELS or model is None:
+                    return self.reply(400, {"error": f"free wants ?type=gpu|cxlmemory&model=..., got {query!r}"})
+                count = sum(1 for d in STATE.free if d["type"] == kind and d["model"] == model)
+                return self.reply(200, {"count": count})
             if (method, path) == ("POST", "jobs/fail-next"):
                 return self.reply(501, {"error": "this fabric attaches without jobs"})
         self.reply(404, {"error": f"no control call {method} /{path}"})
@@ -300,6 +310,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self.attach(machine, body)
             if method == "DELETE" and dev_id is not None:
                 return self.detach(machine, dev_id)
+        if (method, path) == ("GET", "free"):
+            counts = {}
+            for d in STATE.free:
+                counts[(d["type"], d["model"])] = counts.get((d["type"], d["model"]), 0) + 1
+            free = [{"type": t, "model": m, "count": n} for (t, m), n in sorted(counts.items())]
+            return 200, {"free": free}
         m = re.fullmatch(r"devices/([^/]+)", path)
         if m and method == "GET":
             dev = STATE.held.get(m.group(1))

@@ -216,6 +216,12 @@ fn the_rest_template_certifies_and_a_build_with_three_bugs_fails_on_each() {
         "        let api = Api::new(&self.host)?;\n        let mut all = Vec::new();\n",
         "        let api = Api::new(&self.host)?;\n        let _ = api.send(Method::Delete, \"machines/none/devices/none\", None, None);\n        let mut all = Vec::new();\n",
     );
+    // And a pool cached for good: the first read's counts, whatever the fabric does.
+    patch(
+        &lib,
+        "        let reply = api.send(Method::Get, \"free\", None, None)?;\n        let listed: Free = expect_json(&reply, \"free devices\")?;\n",
+        "        let listed: Free = match self.host.state_get(\"free\") {\n            Some(b) => serde_json::from_slice(&b).map_err(|e| ProviderError::malformed(e.to_string()))?,\n            None => {\n                let reply = api.send(Method::Get, \"free\", None, None)?;\n                self.host.state_set(\"free\", &reply.body, None);\n                expect_json(&reply, \"free devices\")?\n            }\n        };\n",
+    );
     let wasm = build_rust(&buggy, "acme-buggy", &target);
     let (passed, report) = certify(&wasm, &["--fabric-sim", &sim.url]);
     assert!(!passed, "the buggy build passed:\n{report}");
@@ -239,8 +245,14 @@ fn the_rest_template_certifies_and_a_build_with_three_bugs_fails_on_each() {
         listed.starts_with("FAIL") && listed.contains("that attach or detach"),
         "{report}"
     );
+    let follows = line(&report, "pool-follows-fabric");
+    assert!(
+        follows.starts_with("FAIL") && follows.contains("where the fabric holds"),
+        "{report}"
+    );
     // What works in the buggy build still passes.
     assert!(line(&report, "attach").starts_with("PASS"), "{report}");
+    assert!(line(&report, "pool").starts_with("PASS"), "{report}");
 }
 
 #[test]

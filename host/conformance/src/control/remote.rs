@@ -22,8 +22,8 @@ use url::Url;
 
 use super::PROTOCOL;
 use super::wire::{
-    AddDevices, AddMachine, DevicesAdded, FailJob, FaultKindWire, FaultOp, Health, Held, Hello,
-    InjectFault, MachineAdded, Received, Refusal, SetHealth, SetSlow,
+    AddDevices, AddMachine, DevicesAdded, FailJob, FaultKindWire, FaultOp, FreeCount, Health, Held,
+    Hello, InjectFault, MachineAdded, Received, Refusal, SetHealth, SetSlow,
 };
 use crate::SuiteError;
 use crate::fabric::{Fabric, FabricCall, FabricDevice, FabricKind, FaultKind, Op};
@@ -252,6 +252,29 @@ impl Fabric for RemoteFabric {
             health: if warning { Health::Warning } else { Health::Ok },
         };
         self.refusable("health", &body, reqwest::Method::PUT)
+    }
+
+    fn free(&self, device_type: DeviceType, model: &str) -> Result<u32, String> {
+        let type_name = match device_type {
+            DeviceType::Gpu => "gpu",
+            DeviceType::CxlMemory => "cxlmemory",
+        };
+        let path = format!("free?type={type_name}&model={}", url_segment(model));
+        match self.send(reqwest::Method::GET, &path, None::<&()>) {
+            Ok(r) if r.status.is_success() => serde_json::from_slice::<FreeCount>(&r.body)
+                .map(|f| f.count)
+                .map_err(|e| self.broke("free", format!("the reply is no count: {e}"))),
+            // A simulator of the protocol before `free` answers 404: it cannot say.
+            Ok(r) if matches!(r.status.as_u16(), 404 | 501) => {
+                Err(serde_json::from_slice::<Refusal>(&r.body)
+                    .map(|r| r.error)
+                    .unwrap_or_else(|_| {
+                        format!("the simulator cannot count free devices ({})", r.status)
+                    }))
+            }
+            Ok(r) => Err(self.broke("free", unexpected(&r))),
+            Err(e) => Err(self.broke("free", e)),
+        }
     }
 
     fn fails_jobs(&self) -> bool {

@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -22,9 +22,9 @@ use tokio::sync::oneshot;
 
 use super::PROTOCOL;
 use super::wire::{
-    AddDevices, AddMachine, DevicesAdded, FailJob, FaultKindWire, FaultOp, Health, Held,
-    HeldDevice, Hello, InjectFault, MachineAdded, Received, ReceivedRequest, Refusal, SecretData,
-    SetHealth, SetSlow,
+    AddDevices, AddMachine, DevicesAdded, FailJob, FaultKindWire, FaultOp, FreeCount, FreeQuery,
+    Health, Held, HeldDevice, Hello, InjectFault, MachineAdded, Received, ReceivedRequest, Refusal,
+    SecretData, SetHealth, SetSlow,
 };
 use crate::SuiteError;
 use crate::fabric::{Fabric, FabricKind, FaultKind, Op};
@@ -141,6 +141,7 @@ fn router(shared: Arc<Shared>) -> axum::Router {
         .route("/health", put(set_health))
         .route("/jobs/fail-next", post(fail_next_job))
         .route("/requests", get(received))
+        .route("/free", get(free))
         .with_state(shared)
 }
 
@@ -290,6 +291,13 @@ async fn held(State(s): St, Path(machine): Path<String>) -> Response {
         })
         .collect();
     Json(Held { devices }).into_response()
+}
+
+async fn free(State(s): St, Query(q): Query<FreeQuery>) -> Response {
+    match s.fabric().free(q.device_type, &q.model) {
+        Ok(count) => Json(FreeCount { count }).into_response(),
+        Err(e) => refusal(StatusCode::NOT_IMPLEMENTED, e),
+    }
 }
 
 async fn set_slow(State(s): St, Json(body): Json<SetSlow>) -> Response {

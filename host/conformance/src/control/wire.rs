@@ -14,6 +14,7 @@
 //! | `PUT health` | [`SetHealth`] | 204, or 404 / 501 [`Refusal`] |
 //! | `POST jobs/fail-next` | [`FailJob`] | 204, or 501 [`Refusal`] |
 //! | `GET requests` | | [`Received`] (the oracle of calls) |
+//! | `GET free?type={type}&model={model}` | | [`FreeCount`] (the pool's oracle), or 501 [`Refusal`] |
 //!
 //! Any other status is an error of the simulator; the suite stops and names it.
 
@@ -74,6 +75,21 @@ pub struct AddDevices {
     #[serde(default)]
     pub model: Option<String>,
     pub count: usize,
+}
+
+/// How many devices of the asked type and model are free: an attach could take them
+/// now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeCount {
+    pub count: u32,
+}
+
+/// The query of `GET free`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeQuery {
+    #[serde(rename = "type")]
+    pub device_type: DeviceType,
+    pub model: String,
 }
 
 /// The model of the devices added.

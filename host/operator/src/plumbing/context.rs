@@ -289,6 +289,16 @@ mod tests {
         fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
         }
+        fn pool<'a>(
+            &'a self,
+            _: &'a cro_runtime::PoolQuery,
+        ) -> BoxFuture<'a, ProviderResult<cro_runtime::PoolOutcome>> {
+            Box::pin(async {
+                Ok(cro_runtime::PoolOutcome::NotSupported(
+                    "a test double".into(),
+                ))
+            })
+        }
         fn counters(&self) -> Option<crate::provider::ProviderCounters> {
             None
         }

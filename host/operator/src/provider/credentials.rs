@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use cro_runtime::CallError;
 use cro_runtime::domain::{
-    self, AddOutcome, AddRequest, Claim, DeviceInfo, ProviderError, RemoveOutcome,
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, PoolOutcome, PoolQuery, ProviderError,
+    RemoveOutcome,
 };
 use futures::future::BoxFuture;
 
@@ -116,6 +117,10 @@ impl DeviceProvider for NamingSecret {
 
     fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
         Box::pin(self.naming(self.inner.list(claims)))
+    }
+
+    fn pool<'a>(&'a self, query: &'a PoolQuery) -> BoxFuture<'a, ProviderResult<PoolOutcome>> {
+        Box::pin(self.naming(self.inner.pool(query)))
     }
 
     fn counters(&self) -> Option<ProviderCounters> {

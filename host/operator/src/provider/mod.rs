@@ -12,7 +12,8 @@ use std::time::Instant;
 use cro_api::{ComposableResource, ResourceType};
 use cro_runtime::CallError;
 use cro_runtime::domain::{
-    self, AddOutcome, AddRequest, Claim, DeviceInfo, DeviceType, ProviderError, RemoveOutcome,
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, DeviceType, PoolOutcome, PoolQuery,
+    ProviderError, RemoveOutcome,
 };
 use futures::future::BoxFuture;
 use kube::ResourceExt;
@@ -76,6 +77,10 @@ pub trait DeviceProvider: Send + Sync + 'static {
     /// The fabric's devices, telling the provider which ComposableResources hold which.
     fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>>;
 
+    /// The fabric's free devices of the query's kinds, by pool (contract 0.3.0; older
+    /// providers answer `not-supported`).
+    fn pool<'a>(&'a self, query: &'a PoolQuery) -> BoxFuture<'a, ProviderResult<PoolOutcome>>;
+
     /// What the provider counted so far, read when the metrics are scraped; `None`
     /// where nothing keeps count (a test double, several providers at once).
     fn counters(&self) -> Option<ProviderCounters>;
@@ -116,6 +121,10 @@ impl DeviceProvider for cro_runtime::Provider {
 
     fn list<'a>(&'a self, claims: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
         Box::pin(cro_runtime::Provider::list(self, claims))
+    }
+
+    fn pool<'a>(&'a self, query: &'a PoolQuery) -> BoxFuture<'a, ProviderResult<PoolOutcome>> {
+        Box::pin(cro_runtime::Provider::pool(self, query))
     }
 
     fn counters(&self) -> Option<ProviderCounters> {
@@ -375,6 +384,9 @@ mod tests {
         }
         fn list<'a>(&'a self, _: &'a [Claim]) -> BoxFuture<'a, ProviderResult<Vec<DeviceInfo>>> {
             Box::pin(async { Ok(Vec::new()) })
+        }
+        fn pool<'a>(&'a self, _: &'a PoolQuery) -> BoxFuture<'a, ProviderResult<PoolOutcome>> {
+            Box::pin(async { Ok(PoolOutcome::NotSupported("a test double".into())) })
         }
         fn counters(&self) -> Option<ProviderCounters> {
             None

@@ -24,7 +24,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use cro_runtime::CallError;
 use cro_runtime::domain::{
-    self, AddOutcome, AddRequest, Claim, DeviceInfo, ProviderError, RemoveOutcome,
+    self, AddOutcome, AddRequest, Claim, DeviceInfo, PoolOutcome, PoolQuery, ProviderError,
+    RemoveOutcome,
 };
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
@@ -275,6 +276,32 @@ impl DeviceProvider for Registry {
         Box::pin(async move { self.list_all(claims).await })
     }
 
+    /// Every provider's pools over the asked nodes it serves, each pool's id prefixed
+    /// with its provider's name (two fabrics may both call a pool `1`); not supported
+    /// only when no provider has a pool, saying why for each. One provider failing
+    /// fails the read: a partial pool would read as devices gone.
+    fn pool<'a>(&'a self, query: &'a PoolQuery) -> BoxFuture<'a, ProviderResult<PoolOutcome>> {
+        Box::pin(async move {
+            let mut pools = Vec::new();
+            let mut why_not = Vec::new();
+            for (slot, outcome) in self.pools(query).await {
+                match outcome? {
+                    PoolOutcome::Pools(found) => pools.extend(found.into_iter().map(|mut p| {
+                        p.id = format!("{}/{}", slot.name(), p.id);
+                        p
+                    })),
+                    PoolOutcome::NotSupported(why) => {
+                        why_not.push(format!("{}: {why}", slot.name()))
+                    }
+                }
+            }
+            if pools.is_empty() && !why_not.is_empty() {
+                return Ok(PoolOutcome::NotSupported(why_not.join("; ")));
+            }
+            Ok(PoolOutcome::Pools(pools))
+        })
+    }
+
     fn counters(&self) -> Option<ProviderCounters> {
         self.only().and_then(|p| p.counters())
     }
@@ -288,6 +315,37 @@ impl Registry {
             [one] => one.serving(),
             _ => None,
         }
+    }
+
+    /// Each serving provider's answer for the asked nodes it serves (all of them when it
+    /// is the only provider), counted like any call.
+    pub(crate) async fn pools(
+        &self,
+        query: &PoolQuery,
+    ) -> Vec<(Arc<Slot>, ProviderResult<PoolOutcome>)> {
+        let slots = self.slots();
+        let single = slots.len() == 1;
+        let mut out = Vec::new();
+        for slot in slots {
+            let Some(provider) = slot.serving() else {
+                continue;
+            };
+            let name = slot.name();
+            let nodes = query
+                .nodes
+                .iter()
+                .filter(|n| single || self.route(n).is_ok_and(|r| r == name))
+                .cloned()
+                .collect();
+            let mine = PoolQuery {
+                kinds: query.kinds.clone(),
+                nodes,
+            };
+            let r = provider.pool(&mine).await;
+            slot.count(&r);
+            out.push((slot, r));
+        }
+        out
     }
 
     /// The upstream sync's listing, per provider: each provider is asked for its fabric's

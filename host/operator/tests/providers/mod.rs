@@ -204,7 +204,7 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     wait_loaded(&env, "fabric-b", None).await;
     let status = a.status.unwrap();
     assert!(status.loaded_digest.unwrap().starts_with("sha256:"));
-    assert_eq!(status.contract_version.as_deref(), Some("0.2.0"));
+    assert_eq!(status.contract_version.as_deref(), Some("0.3.0"));
     assert!(!status.describe.unwrap().vendor.is_empty());
 
     for (req, node) in [("on-a", "pool-a-1"), ("on-b", "pool-b-1")] {

@@ -9,18 +9,19 @@
 
 mod since_v0_1_0;
 mod since_v0_2_0;
+mod since_v0_3_0;
 
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker};
 
 use crate::call::CallCtx;
 use crate::domain::{
-    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, ProviderError, ProviderInfo,
-    RemoveOutcome,
+    AddOutcome, AddRequest, Claim, ComposableResource, DeviceInfo, PoolOutcome, PoolQuery,
+    ProviderError, ProviderInfo, RemoveOutcome,
 };
 
 /// Contract versions this host serves, oldest first.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.1.0", "0.2.0"];
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
 
 /// The package every contract version belongs to.
 pub const PACKAGE: &str = "cro:provider";
@@ -35,16 +36,22 @@ pub(crate) const OWN_INTERFACES: &[(&str, &[&str])] = &[
         ],
     ),
     ("0.2.0", &["types"]),
+    ("0.3.0", &["pool"]),
 ];
 
 /// The interface a version's providers export, by version.
-pub(crate) const EXPORTS: &[(&str, &str)] = &[("0.1.0", "provider"), ("0.2.0", "cdi-provider")];
+pub(crate) const EXPORTS: &[(&str, &str)] = &[
+    ("0.1.0", "provider"),
+    ("0.2.0", "cdi-provider"),
+    ("0.3.0", "cdi-provider"),
+];
 
 /// A contract version this host serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl Version {
@@ -53,13 +60,16 @@ impl Version {
         let i = SUPPORTED_VERSIONS
             .iter()
             .position(|v| same_minor(v, found))?;
-        [Version::V0_1, Version::V0_2].get(i).copied()
+        [Version::V0_1, Version::V0_2, Version::V0_3]
+            .get(i)
+            .copied()
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
             Version::V0_1 => "0.1.0",
             Version::V0_2 => "0.2.0",
+            Version::V0_3 => "0.3.0",
         }
     }
 }
@@ -83,7 +93,8 @@ pub(crate) fn same_minor(a: &str, b: &str) -> bool {
 /// versions, are added by `crate::call` from each capability module).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
     since_v0_1_0::add_to_linker(linker)?;
-    since_v0_2_0::add_to_linker(linker)
+    since_v0_2_0::add_to_linker(linker)?;
+    since_v0_3_0::add_to_linker(linker)
 }
 
 /// A component pre-instantiated against the world of its version, chosen at load from
@@ -91,12 +102,14 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()
 pub(crate) enum ProviderPre {
     V0_1(since_v0_1_0::Pre),
     V0_2(since_v0_2_0::Pre),
+    V0_3(since_v0_3_0::Pre),
 }
 
 /// One instance of a provider, for one call.
 pub(crate) enum ProviderInstance {
     V0_1(since_v0_1_0::ProviderWorld),
     V0_2(since_v0_2_0::ProviderWorld),
+    V0_3(since_v0_3_0::ProviderWorld),
 }
 
 /// A call's reply: the outer error is a trap, the inner one the provider's own.
@@ -107,6 +120,7 @@ impl ProviderPre {
         Ok(match version {
             Version::V0_1 => ProviderPre::V0_1(since_v0_1_0::pre(pre)?),
             Version::V0_2 => ProviderPre::V0_2(since_v0_2_0::pre(pre)?),
+            Version::V0_3 => ProviderPre::V0_3(since_v0_3_0::pre(pre)?),
         })
     }
 
@@ -114,6 +128,7 @@ impl ProviderPre {
         match self {
             ProviderPre::V0_1(_) => Version::V0_1,
             ProviderPre::V0_2(_) => Version::V0_2,
+            ProviderPre::V0_3(_) => Version::V0_3,
         }
     }
 
@@ -124,6 +139,7 @@ impl ProviderPre {
         Ok(match self {
             ProviderPre::V0_1(p) => ProviderInstance::V0_1(p.instantiate_async(store).await?),
             ProviderPre::V0_2(p) => ProviderInstance::V0_2(p.instantiate_async(store).await?),
+            ProviderPre::V0_3(p) => ProviderInstance::V0_3(p.instantiate_async(store).await?),
         })
     }
 }
@@ -137,6 +153,7 @@ impl ProviderInstance {
         match self {
             ProviderInstance::V0_1(_) => Ok(None),
             ProviderInstance::V0_2(w) => since_v0_2_0::describe(w, s).await.map(Some),
+            ProviderInstance::V0_3(w) => since_v0_3_0::describe(w, s).await.map(Some),
         }
     }
 
@@ -144,6 +161,7 @@ impl ProviderInstance {
         match self {
             ProviderInstance::V0_1(w) => since_v0_1_0::add(w, s, req).await,
             ProviderInstance::V0_2(w) => since_v0_2_0::add(w, s, req).await,
+            ProviderInstance::V0_3(w) => since_v0_3_0::add(w, s, req).await,
         }
     }
 
@@ -155,6 +173,7 @@ impl ProviderInstance {
         match self {
             ProviderInstance::V0_1(w) => since_v0_1_0::remove(w, s, r).await,
             ProviderInstance::V0_2(w) => since_v0_2_0::remove(w, s, r).await,
+            ProviderInstance::V0_3(w) => since_v0_3_0::remove(w, s, r).await,
         }
     }
 
@@ -162,6 +181,7 @@ impl ProviderInstance {
         match self {
             ProviderInstance::V0_1(w) => since_v0_1_0::check(w, s, r).await,
             ProviderInstance::V0_2(w) => since_v0_2_0::check(w, s, r).await,
+            ProviderInstance::V0_3(w) => since_v0_3_0::check(w, s, r).await,
         }
     }
 
@@ -173,6 +193,19 @@ impl ProviderInstance {
         match self {
             ProviderInstance::V0_1(w) => since_v0_1_0::list(w, s, claims).await,
             ProviderInstance::V0_2(w) => since_v0_2_0::list(w, s, claims).await,
+            ProviderInstance::V0_3(w) => since_v0_3_0::list(w, s, claims).await,
+        }
+    }
+
+    /// The fabric's free devices; `None` for versions without `get-pool` (before 0.3.0).
+    pub(crate) async fn pool(
+        &self,
+        s: &mut Store<CallCtx>,
+        query: &PoolQuery,
+    ) -> Option<Reply<PoolOutcome>> {
+        match self {
+            ProviderInstance::V0_1(_) | ProviderInstance::V0_2(_) => None,
+            ProviderInstance::V0_3(w) => Some(since_v0_3_0::pool(w, s, query).await),
         }
     }
 }
@@ -194,7 +227,8 @@ mod tests {
     fn every_served_version_has_a_world() {
         assert_eq!(Version::of("0.1.3"), Some(Version::V0_1));
         assert_eq!(Version::of("0.2.0"), Some(Version::V0_2));
-        assert_eq!(Version::of("0.3.0"), None);
+        assert_eq!(Version::of("0.3.2"), Some(Version::V0_3));
+        assert_eq!(Version::of("0.4.0"), None);
         for v in SUPPORTED_VERSIONS {
             let version = Version::of(v).expect("served");
             assert_eq!(version.as_str(), *v);

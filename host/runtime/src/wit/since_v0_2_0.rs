@@ -24,7 +24,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-use self::cro::provider0_2_0::types as wit;
+pub(crate) use self::cro::provider0_2_0::types as wit;
 
 /// The version's own interfaces (its types) in the linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallCtx>) -> wasmtime::Result<()> {
@@ -56,15 +56,9 @@ pub(crate) async fn add(
     s: &mut Store<CallCtx>,
     req: &AddRequest,
 ) -> Reply<domain::AddOutcome> {
-    let req = wit::AddRequest {
-        resource: (&req.resource).into(),
-        attempt_key: req.attempt_key.clone(),
-        size_bytes: req.size_bytes,
-        claims: claims(&req.claims),
-    };
     let reply = w
         .cro_provider0_2_0_cdi_provider()
-        .call_add_resource(s, &req)
+        .call_add_resource(s, &add_request(req))
         .await?;
     Ok(reply.map(Into::into).map_err(Into::into))
 }
@@ -109,7 +103,17 @@ pub(crate) async fn list(
         .map_err(Into::into))
 }
 
-fn claims(claims: &[Claim]) -> Vec<wit::Claim> {
+/// The request as this version's record (0.3.0 shares it).
+pub(super) fn add_request(req: &AddRequest) -> wit::AddRequest {
+    wit::AddRequest {
+        resource: (&req.resource).into(),
+        attempt_key: req.attempt_key.clone(),
+        size_bytes: req.size_bytes,
+        claims: claims(&req.claims),
+    }
+}
+
+pub(super) fn claims(claims: &[Claim]) -> Vec<wit::Claim> {
     claims
         .iter()
         .map(|c| wit::Claim {

@@ -1,4 +1,4 @@
-//! `future-version-provider`: a test fixture exporting `cro:provider/provider@0.3.0` (its
+//! `future-version-provider`: a test fixture exporting `cro:provider/provider@0.9.0` (its
 //! WIT is in this crate's `wit/` folder), a version the host does not serve, which it
 //! must refuse naming the versions it does serve.
 //!

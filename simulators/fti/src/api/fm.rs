@@ -1,4 +1,5 @@
-//! Fabric Manager: `fabric_manager/api/v1/machines/<machine>[/update]`.
+//! Fabric Manager: `fabric_manager/api/v1/machines[/<machine>[/update |
+//! /available-reserved-resources]]`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,7 +36,7 @@ fn machine_json(s: &Shared, m: &Machine, first: &[SimDevice]) -> Value {
     let resources: Vec<Value> = first.iter().chain(rest).map(resource_json).collect();
     json!({
         "fabric_uuid": s.fabric_uuid,
-        "fabric_id": 1,
+        "fabric_id": m.fabric_id,
         "mach_uuid": m.uuid,
         "mach_id": m.mach_id,
         "mach_name": m.name,
@@ -109,6 +110,55 @@ pub(crate) async fn get_machine(
 ) -> Result<Response, ApiError> {
     check_tenant(&s, query.as_deref())?;
     reply(&s, &mach, &[])
+}
+
+/// Every machine of the tenant, with its fabric and devices.
+pub(crate) async fn list_machines(
+    State(s): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    check_tenant(&s, query.as_deref())?;
+    let mut fabric = lock(&s.fabric);
+    fabric.settle(Some(Instant::now()));
+    let machines: Vec<Value> = fabric
+        .machines()
+        .map(|m| machine_json(&s, m, &[]))
+        .collect();
+    Ok(json_reply(200, &json!({"data": {"machines": machines}})))
+}
+
+/// How many free devices of a type and model the machine's fabric holds:
+/// `?tenant_uuid=..&res_type=..&condition={"column":"model","operator":"eq","value":..}`
+/// → `{"fabric_id": N, "reserved_res_num_per_fabric": K}`. Like the real API, every
+/// parameter is required and a condition that is not one `model eq` is refused.
+pub(crate) async fn available(
+    State(s): State<Arc<Shared>>,
+    Path(mach): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    check_tenant(&s, query.as_deref())?;
+    let res_type = query_param(query.as_deref(), "res_type")
+        .ok_or_else(|| bad_request("query parameter res_type is required"))?;
+    let condition = query_param(query.as_deref(), "condition")
+        .ok_or_else(|| bad_request("query parameter condition is required"))?;
+    let condition: Value = serde_json::from_str(&condition)
+        .map_err(|e| bad_request(format!("condition is not JSON: {e}")))?;
+    let model = model_condition(Some(&Value::Array(vec![condition]))).ok_or_else(|| {
+        bad_request(
+            "condition must be {\"column\": \"model\", \"operator\": \"eq\", \"value\": ..}",
+        )
+    })?;
+    let mut fabric = lock(&s.fabric);
+    fabric.settle(Some(Instant::now()));
+    let fabric_id = fabric
+        .machine(&mach)
+        .map(|m| m.fabric_id)
+        .ok_or_else(|| FabricError::UnknownMachine(mach.clone()))?;
+    let free = fabric.free_in(fabric_id, &res_type, &model);
+    Ok(json_reply(
+        200,
+        &json!({"fabric_id": fabric_id, "reserved_res_num_per_fabric": free}),
+    ))
 }
 
 pub(crate) async fn attach(

@@ -40,9 +40,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/id_manager/realms/{realm}/protocol/openid-connect/token",
             post(token::issue),
         )
+        .route("/fabric_manager/api/v1/machines", get(fm::list_machines))
         .route(
             "/fabric_manager/api/v1/machines/{mach}",
             get(fm::get_machine),
+        )
+        .route(
+            "/fabric_manager/api/v1/machines/{mach}/available-reserved-resources",
+            get(fm::available),
         )
         .route(
             "/fabric_manager/api/v1/machines/{mach}/update",

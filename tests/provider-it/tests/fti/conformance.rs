@@ -58,12 +58,14 @@ fn assert_fails(report: &Report, name: &str, why: &str) {
 }
 
 /// Every check the suite promises, in order.
-const CHECKS: [&str; 19] = [
+const CHECKS: [&str; 22] = [
     "describe",
     "attach",
     "check",
     "check-warning",
     "get-resources",
+    "pool",
+    "pool-follows-fabric",
     "in-progress",
     "lost-reply-retry",
     "detach",
@@ -71,6 +73,7 @@ const CHECKS: [&str; 19] = [
     "fault-5xx-check",
     "fault-malformed-check",
     "fault-lost-check",
+    "fault-5xx-pool",
     "fault-5xx-attach",
     "fault-malformed-attach",
     "fault-lost-attach",
@@ -86,7 +89,7 @@ const CHECKS: [&str; 19] = [
 /// `in-progress` is skipped: that API attaches synchronously.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fti_provider_passes() {
-    let component = component_file_of(Build::V0_2);
+    let component = component_file_of(Build::Current);
     for (api, fabric, synchronous) in [
         (None, "fti (Cluster Manager API)", false),
         (Some(FtiApi::Fm), "fti (Fabric Manager API)", true),
@@ -94,7 +97,7 @@ async fn the_fti_provider_passes() {
         let report = conformance_on(component.clone(), None, api, &[]).await;
         assert_passes(&report);
         assert_eq!(report.fabric, fabric);
-        assert_eq!(report.contract, "0.2.0");
+        assert_eq!(report.contract, "0.3.0");
         // The suite ran what it promises, not a subset.
         for name in CHECKS {
             let want = if synchronous && name == "in-progress" {
@@ -277,7 +280,7 @@ async fn junit_and_json_reports_parse_and_agree() {
     assert_eq!(skipped, summary.skipped);
 
     // A passing report has no failure elements.
-    let fti = conformance(component_file_of(Build::V0_2), None, &[]).await;
+    let fti = conformance(component_file_of(Build::Current), None, &[]).await;
     let doc_text = fti.junit();
     let doc = roxmltree::Document::parse(&doc_text).expect("JUnit XML");
     assert!(
@@ -305,7 +308,7 @@ async fn a_lab_fabric_gets_only_non_destructive_checks_unless_allowed() {
     let lab = FtiFabric::start(FtiApi::Fm).unwrap();
     lab.add_node("lab-0");
     let model = lab.add_free_devices(cro_runtime::DeviceType::Gpu, None, 2);
-    let component = component_file_of(Build::V0_2);
+    let component = component_file_of(Build::Current);
     let spec = serde_json::json!({
         "name": "lab",
         "component": component,

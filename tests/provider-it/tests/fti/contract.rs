@@ -7,14 +7,14 @@ use provider_it::{Api, Build, Fixture, MODEL};
 #[tokio::test]
 async fn both_builds_attach_side_by_side_in_one_runtime() {
     let fx = Fixture::builder(Api::Fm)
-        .with_build(Build::V0_2)
+        .with_build(Build::Current)
         .start()
         .await;
     fx.sim.add_free_devices("gpu", MODEL, 2);
     let machine = fx.add_provider_id_node("worker-0");
     let new = fx.provider.clone();
     let old = fx.load_build(Build::V0_1).await;
-    assert_eq!(new.contract_version(), "0.2.0");
+    assert_eq!(new.contract_version(), "0.3.0");
     assert_eq!(old.contract_version(), "0.1.0");
 
     // The fixture grants what FTI needs, plus the OpenShift lookups FTI wants only with
@@ -80,7 +80,7 @@ async fn both_builds_attach_side_by_side_in_one_runtime() {
 #[tokio::test]
 async fn a_recorded_machine_detaches_without_the_node() {
     let fx = Fixture::builder(Api::Fm)
-        .with_build(Build::V0_2)
+        .with_build(Build::Current)
         .start()
         .await;
     fx.sim.add_free_devices("gpu", MODEL, 1);
@@ -114,7 +114,7 @@ async fn a_recorded_machine_detaches_without_the_node() {
 #[tokio::test]
 async fn the_cluster_manager_fixture_grants_exactly_what_fti_declares() {
     let fx = Fixture::builder(Api::Cm)
-        .with_build(Build::V0_2)
+        .with_build(Build::Current)
         .start()
         .await;
     let report = fx.provider.capability_report();

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use cro_runtime::{AddRequest, Claim, DeviceInfo, DeviceType, ProviderError, RemoveOutcome};
+use cro_runtime::{
+    AddRequest, Claim, DeviceInfo, DeviceType, PoolKind, PoolOutcome, PoolQuery, ProviderError,
+    RemoveOutcome,
+};
 use fabric_sim::{Fault, Route, codes};
 use provider_it::{Api, Build, Fixture, MODEL};
 use serde_json::json;
@@ -81,7 +84,7 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
 
     let (serial_b, _) = attached(fx.provider.add(&req).await);
     match fx.build {
-        Build::V0_2 => {
+        Build::Current => {
             assert_eq!(serial_b, orphan, "the retry adopts the orphan");
             assert_eq!(fx.sim.machine_devices(&machine).len(), 2);
             assert_eq!(
@@ -118,7 +121,7 @@ async fn the_same_attempt_asked_again_after_its_answer_gets_the_same_device() {
     let (serial, _) = attached(fx.provider.add(&req).await);
     let (again, _) = attached(fx.provider.add(&req).await);
     match fx.build {
-        Build::V0_2 => {
+        Build::Current => {
             assert_eq!(again, serial);
             assert_eq!(fx.sim.machine_devices(&machine).len(), 1);
             assert_eq!(
@@ -353,7 +356,7 @@ async fn each_injected_fault_gives_a_typed_error() {
     attached(fx.provider.add(&AddRequest::new(retried.clone())).await);
     let sent = fx.sim.requests_to(Route::FmAttach).len() - patches;
     match fx.build {
-        Build::V0_2 => assert_eq!(sent, 0, "the device the malformed reply left is adopted"),
+        Build::Current => assert_eq!(sent, 0, "the device the malformed reply left is adopted"),
         Build::V0_1 => assert_eq!(sent, 1),
     }
 
@@ -447,4 +450,110 @@ async fn a_node_off_the_fabric_is_not_found() {
         ProviderError::NotFound(_)
     ));
     assert!(fx.sim.requests().is_empty());
+}
+
+fn pool_query(nodes: &[&str]) -> PoolQuery {
+    PoolQuery {
+        kinds: [MODEL, "H100 80G"]
+            .into_iter()
+            .map(|model| PoolKind {
+                device_type: DeviceType::Gpu,
+                model: model.into(),
+            })
+            .collect(),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+/// `(pool id, nodes, free count of MODEL, free count of the other model)`, by pool id.
+fn pools(
+    outcome: Result<PoolOutcome, cro_runtime::CallError>,
+) -> Vec<(String, Vec<String>, u32, u32)> {
+    let Ok(PoolOutcome::Pools(pools)) = outcome else {
+        panic!("{outcome:?}");
+    };
+    let mut out: Vec<_> = pools
+        .into_iter()
+        .map(|p| {
+            let count = |model: &str| {
+                p.free
+                    .iter()
+                    .find(|f| f.kind.model == model)
+                    .map(|f| f.count)
+                    .expect("every asked kind is counted")
+            };
+            (
+                p.id.clone(),
+                p.nodes.clone(),
+                count(MODEL),
+                count("H100 80G"),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A machine takes devices only from its own fabric, so the pool is one per fabric,
+/// reaching the nodes on it; it follows attaches and devices taken behind the
+/// provider's back; and it costs one machine list plus one count per fabric and model.
+/// The 0.1.0 build has no pool and says so without calling the fabric.
+#[tokio::test]
+async fn the_pool_is_one_per_fabric_and_follows_the_fabric() {
+    let fx = fm().await;
+    fx.add_provider_id_node("worker-0");
+    let m1 = fx.add_provider_id_node("worker-1");
+    fx.add_provider_id_node("worker-2");
+    fx.sim.set_machine_fabric(&m1, 2).unwrap();
+    fx.sim.add_free_devices_on(2, "gpu", MODEL, 1);
+    let query = pool_query(&["worker-0", "worker-1", "worker-2", "not-a-node"]);
+    fx.sim.clear_requests();
+
+    let first = fx.provider.pool(&query).await;
+    if fx.build == Build::V0_1 {
+        assert!(
+            matches!(&first, Ok(PoolOutcome::NotSupported(why)) if why.contains("0.1.0")),
+            "{first:?}"
+        );
+        assert!(fx.sim.requests().is_empty());
+        return;
+    }
+    let w = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        pools(first),
+        [
+            ("1".to_string(), w(&["worker-0", "worker-2"]), 3, 0),
+            ("2".to_string(), w(&["worker-1"]), 1, 0),
+        ]
+    );
+    assert_eq!(fx.sim.requests_to(Route::FmListMachines).len(), 1);
+    let counted = fx.sim.requests_to(Route::FmAvailable);
+    assert_eq!(counted.len(), 4, "one count per fabric and model");
+    assert_eq!(counted[0].query_param("res_type").as_deref(), Some("gpu"));
+
+    // worker-1's attach takes fabric 2's device; another tenant takes one of fabric 1's.
+    attached(
+        fx.provider
+            .add(&AddRequest::new(fx.gpu("gpu-a", "worker-1")))
+            .await,
+    );
+    assert_eq!(fx.sim.free_devices_on(2, "gpu", MODEL), 0);
+    assert_eq!(fx.sim.take_free_devices(1, "gpu", MODEL, 1), 1);
+    assert_eq!(
+        pools(fx.provider.pool(&query).await),
+        [
+            ("1".to_string(), w(&["worker-0", "worker-2"]), 2, 0),
+            ("2".to_string(), w(&["worker-1"]), 0, 0),
+        ]
+    );
+
+    // Only the asked nodes are placed; a failed count fails the read, typed.
+    assert_eq!(
+        pools(fx.provider.pool(&pool_query(&["worker-1"])).await),
+        [("2".to_string(), w(&["worker-1"]), 0, 0)]
+    );
+    fx.sim
+        .inject(Fault::error(503, "E50300", "busy").on(Route::FmAvailable));
+    let err = fabric_error(fx.provider.pool(&query).await);
+    assert_eq!(err.status, 503);
 }
