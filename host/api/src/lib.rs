@@ -20,8 +20,9 @@ pub use provider::{
     CDI_PROVIDER_SOURCE_EXACTLY_ONE, CONDITION_DEGRADED, CONDITION_READY, CallCounts,
     CapabilityReport, CdiProvider, CdiProviderSpec, CdiProviderStatus, ComponentSource,
     ConfigMapSource, HTTPS_URL_PATTERN, HttpGrant, HttpsSource, LookupGrant,
-    OCI_DIGEST_REFERENCE_PATTERN, OciSource, ProviderDescription, ProviderGrants, ProviderLimits,
-    SHA256_HEX_PATTERN, SecretGrant, SecretReference, SourceKind, WasiGrant, reasons,
+    OCI_DIGEST_REFERENCE_PATTERN, OciSource, PoolStatus, ProviderDescription, ProviderGrants,
+    ProviderLimits, SHA256_HEX_PATTERN, SecretGrant, SecretReference, SourceKind, WasiGrant,
+    reasons,
 };
 pub use request::{
     AllocationPolicy, ComposabilityRequest, ComposabilityRequestSpec, ComposabilityRequestStatus,

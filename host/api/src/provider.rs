@@ -394,6 +394,28 @@ pub struct CdiProviderStatus {
     /// Calls made to the component since it was loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls: Option<CallCounts>,
+    /// What the operator last published of the fabric's free pool to the scheduler
+    /// (DRA ResourceSlices, docs/dra.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolStatus>,
+}
+
+/// The free pool as last published.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    /// Devices the provider's ResourceSlices offer (free ones and those claims hold).
+    #[serde(default)]
+    pub devices: i64,
+    /// Fabric pools published (one ResourcePool each).
+    #[serde(default)]
+    pub pools: i64,
+    /// Why nothing is published, when nothing is (`not supported: ...`, a failed read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the pool was last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_read: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// The component's own account of itself.

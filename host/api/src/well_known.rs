@@ -12,6 +12,18 @@ pub const API_VERSION: &str = "cro.hpsys.ibm.ie.com/v1alpha1";
 
 /// Label on a ComposableResource naming the ComposabilityRequest it belongs to.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// The DRA driver name of the fabric's free devices cro publishes as ResourceSlices
+/// (docs/dra.md); also the domain of their attributes.
+pub const DRA_DRIVER: &str = "cro.hpsys.ibm.ie.com";
+/// The label naming the provider whose pool a ResourceSlice publishes.
+pub const LABEL_POOL_PROVIDER: &str = "cro.hpsys.ibm.ie.com/provider";
+/// The binding condition of a published device: set True on the claim once the device
+/// is attached to the chosen node and visible there (the name CoHDI's driver uses).
+pub const CONDITION_FABRIC_DEVICE_READY: &str = "FabricDeviceReady";
+/// Binding failure conditions: the scheduler places the Pod again (CoHDI's names).
+pub const CONDITION_FABRIC_DEVICE_RESCHEDULE: &str = "FabricDeviceReschedule";
+pub const CONDITION_FABRIC_DEVICE_FAILED: &str = "FabricDeviceFailed";
 /// Label on a ComposableResource created only to detach an orphaned device: the device id.
 pub const LABEL_READY_TO_DETACH_DEVICE_ID: &str = "cohdi.io/ready-to-detach-device-id";
 /// Label on a ComposableResource created only to detach an orphaned device: the fabric's id.

@@ -52,7 +52,8 @@
 //! ComposableResources (all verbs, and their `status`); Nodes (get, list, watch); Pods
 //! (list, delete) and `pods/exec` (create); DaemonSets in the GPU operator's namespace
 //! (get, patch); `nvidia.com` ClusterPolicies (list); `resource.k8s.io` ResourceSlices
-//! (list) and DeviceTaintRules (create, delete); `events.k8s.io` Events (create, patch);
+//! (list; with `--pool-devices` also create, update, delete), ResourceClaims (with
+//! `--pool-devices`: list, and `status` patch) and DeviceTaintRules (create, delete); `events.k8s.io` Events (create, patch);
 //! Leases in its namespace (get, create, update); the provider's granted Secret (get) and
 //! lookup kinds (get, list).
 

@@ -83,3 +83,15 @@ true
 {{- printf "%s:%v" $addr (index . 1) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* pool.devices as CRO_POOL_DEVICES: TYPE=MODEL entries separated by ';'. */}}
+{{- define "cro.poolDevices" -}}
+{{- $entries := list -}}
+{{- range .Values.pool.devices -}}
+{{- if not (has .type (list "gpu" "cxlmemory")) -}}
+{{- fail (printf "pool.devices: type %q is not gpu or cxlmemory" .type) -}}
+{{- end -}}
+{{- $entries = append $entries (printf "%s=%s" .type (required "pool.devices: every entry needs a model" .model)) -}}
+{{- end -}}
+{{- join ";" $entries -}}
+{{- end -}}

@@ -59,6 +59,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
 
 const SYNC_PERIOD: &str = "--sync-period (CRO_SYNC_PERIOD)";
 const ORPHAN_GRACE_PERIOD: &str = "--orphan-grace-period (CRO_ORPHAN_GRACE_PERIOD)";
+const POOL_PERIOD: &str = "--pool-period (CRO_POOL_PERIOD)";
+
+/// One `--pool-devices` entry, `TYPE=MODEL`.
+fn pool_device(text: &str) -> Result<cro_runtime::PoolKind, ConfigError> {
+    let bad = |why: &str| {
+        ConfigError::Invalid(format!(
+            "--pool-devices (CRO_POOL_DEVICES) entry {text:?}: {why}; write TYPE=MODEL, \
+             TYPE gpu or cxlmemory, entries separated by ';'"
+        ))
+    };
+    let (kind, model) = text.split_once('=').ok_or_else(|| bad("no '='"))?;
+    let device_type = match kind.trim() {
+        "gpu" => cro_runtime::DeviceType::Gpu,
+        "cxlmemory" => cro_runtime::DeviceType::CxlMemory,
+        other => return Err(bad(&format!("unknown type {other:?}"))),
+    };
+    let model = model.trim();
+    if model.is_empty() {
+        return Err(bad("no model"));
+    }
+    Ok(cro_runtime::PoolKind {
+        device_type,
+        model: model.to_owned(),
+    })
+}
 const HEALTH_CHECK_PERIOD: &str = "--health-check-period (CRO_HEALTH_CHECK_PERIOD)";
 const POLL_INTERVAL: &str = "--poll-interval (CRO_POLL_INTERVAL)";
 const MAX_BACKOFF: &str = "--max-backoff (CRO_MAX_BACKOFF)";
@@ -106,6 +131,9 @@ pub struct Timings {
     /// request stays Updating: progress seen within it is written together (a change of
     /// the request's state or error, or a device first seen, is written at once).
     pub mirror_delay: Duration,
+    /// How often each provider's free pool is read and its ResourceSlices brought up to
+    /// date: a slice lags the fabric by at most this plus one pool read (docs/dra.md).
+    pub pool_period: Duration,
 }
 
 impl Default for Timings {
@@ -119,6 +147,7 @@ impl Default for Timings {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             mirror_delay: Duration::from_secs(2),
+            pool_period: Duration::from_secs(10),
         }
     }
 }
@@ -213,6 +242,9 @@ pub struct OperatorConfig {
     /// (docs/BENCHMARKS.md). Most of a reconciliation waits (API round trips, the fabric,
     /// a node's lock), so a few dozen keep the provider's calls and the API server busy.
     pub max_concurrent_reconciles: u16,
+    /// The device kinds offered to the scheduler as DRA ResourceSlices from each
+    /// provider's free pool (docs/dra.md); empty publishes none.
+    pub pool_devices: Vec<cro_runtime::PoolKind>,
 }
 
 impl OperatorConfig {
@@ -234,6 +266,7 @@ impl OperatorConfig {
             release_orphan_cxl_memory: false,
             credentials: None,
             provider_secret_namespaces: Vec::new(),
+            pool_devices: Vec::new(),
         }
     }
 
@@ -326,6 +359,13 @@ pub struct RunArgs {
     /// How often the fabric's devices are compared with the cluster's.
     #[arg(long, env = "CRO_SYNC_PERIOD", default_value = "60s")]
     pub sync_period: String,
+    /// Device kinds offered to the scheduler from the fabric's free pool, as DRA
+    /// ResourceSlices: `TYPE=MODEL` (type `gpu` or `cxlmemory`), several separated by `;`.
+    #[arg(long, env = "CRO_POOL_DEVICES", value_delimiter = ';')]
+    pub pool_devices: Vec<String>,
+    /// How often each provider's free pool is read and its ResourceSlices updated.
+    #[arg(long, env = "CRO_POOL_PERIOD", default_value = "10s")]
+    pub pool_period: String,
     /// How long a device nobody holds stays attached before it is detached.
     #[arg(long, env = "CRO_ORPHAN_GRACE_PERIOD", default_value = "10m")]
     pub orphan_grace_period: String,
@@ -477,6 +517,13 @@ impl RunArgs {
         config.timings.health_period =
             setting_duration(&self.health_check_period, HEALTH_CHECK_PERIOD)?;
         config.timings.poll_interval = setting_duration(&self.poll_interval, POLL_INTERVAL)?;
+        config.timings.pool_period = setting_duration(&self.pool_period, POOL_PERIOD)?;
+        config.pool_devices = self
+            .pool_devices
+            .iter()
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| pool_device(d))
+            .collect::<Result<_, _>>()?;
         config.timings.backoff_max = setting_duration(&self.max_backoff, MAX_BACKOFF)?;
         if self.max_concurrent_reconciles == 0 {
             return Err(ConfigError::Invalid(
@@ -489,6 +536,7 @@ impl RunArgs {
             ("sync period", config.timings.sync_period),
             ("health check period", config.timings.health_period),
             ("poll interval", config.timings.poll_interval),
+            ("pool period", config.timings.pool_period),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::Invalid(format!("the {name} must not be 0")));
@@ -687,6 +735,42 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         run: RunArgs,
+    }
+
+    #[test]
+    fn pool_devices_are_type_equals_model_entries() {
+        let cli = Cli::parse_from([
+            "cro",
+            "--pool-devices",
+            "gpu=A100 40G; cxlmemory = CXL 256GiB;",
+            "--pool-period",
+            "2s",
+        ]);
+        let config = cli.run.into_config().unwrap();
+        assert_eq!(
+            config.pool_devices,
+            [
+                cro_runtime::PoolKind {
+                    device_type: cro_runtime::DeviceType::Gpu,
+                    model: "A100 40G".into()
+                },
+                cro_runtime::PoolKind {
+                    device_type: cro_runtime::DeviceType::CxlMemory,
+                    model: "CXL 256GiB".into()
+                },
+            ]
+        );
+        assert_eq!(config.timings.pool_period, Duration::from_secs(2));
+        for bad in ["tpu=X", "gpu", "gpu= "] {
+            let cli = Cli::parse_from(["cro", "--pool-devices", bad]);
+            let e = cli.run.into_config().unwrap_err().to_string();
+            assert!(
+                e.contains("--pool-devices (CRO_POOL_DEVICES)") && e.contains(bad),
+                "{e}"
+            );
+        }
+        let cli = Cli::parse_from(["cro", "--pool-period", "0s"]);
+        assert!(cli.run.into_config().is_err());
     }
 
     #[test]

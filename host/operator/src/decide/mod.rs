@@ -6,4 +6,5 @@
 pub(crate) mod admission;
 pub(crate) mod allocation;
 pub(crate) mod quantity;
+pub(crate) mod slices;
 pub(crate) mod views;

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use super::leader::{self, Leadership};
 use super::signals::{Signal, shutdown_signal, signal};
 use crate::config::{OperatorConfig, ProviderSource, WebhookCerts};
-use crate::controllers::{request, resource, sync};
+use crate::controllers::{binding, pool, request, resource, sync};
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
 use crate::nodeops::dra::DraApis;
@@ -52,6 +52,8 @@ pub struct Operator {
     health: Option<ProbeServer>,
     /// Providers from `CdiProvider` objects, kept current while the operator leads.
     objects: Option<(Arc<Registry>, WatchOptions)>,
+    /// Every provider by name: the free pool is read per provider.
+    registry: Arc<Registry>,
 }
 
 impl Operator {
@@ -108,7 +110,7 @@ impl Operator {
                 })
                 .collect()
         });
-        let provider: Arc<dyn DeviceProvider> = registry;
+        let provider: Arc<dyn DeviceProvider> = registry.clone();
         let counted = provider.clone();
         metrics.watch_denials(move || counted.counters().map(|c| c.denials));
         let counted = provider.clone();
@@ -126,6 +128,7 @@ impl Operator {
             probes: None,
             health: None,
             objects: None,
+            registry,
         }
     }
 
@@ -280,7 +283,7 @@ impl Operator {
         let outcome = if stopped_early {
             Ok(())
         } else {
-            start_controllers(&ctx, &mut workers, &stop);
+            start_controllers(&ctx, &self.registry, &mut workers, &stop);
             until_stopped(shutdown.as_mut(), leadership.as_mut(), &mut background).await
         };
         self.ready.set(false);
@@ -390,11 +393,20 @@ async fn discover_dra(
 }
 
 /// Starts both controllers and the upstream sync.
-fn start_controllers(ctx: &Arc<Context>, workers: &mut JoinSet<()>, stop: &Signal) {
+fn start_controllers(
+    ctx: &Arc<Context>,
+    registry: &Arc<Registry>,
+    workers: &mut JoinSet<()>,
+    stop: &Signal,
+) {
     workers.spawn(request::controller(ctx.clone(), stop.clone()));
     workers.spawn(resource::controller(ctx.clone(), stop.clone()));
     let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
     workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
+    let (pool_ctx, pool_registry, pool_stop) = (ctx.clone(), registry.clone(), stop.clone());
+    workers.spawn(async move { pool::run(&pool_ctx, &pool_registry, pool_stop).await });
+    let (bind_ctx, bind_stop) = (ctx.clone(), stop.clone());
+    workers.spawn(async move { binding::run(&bind_ctx, bind_stop).await });
     tracing::info!(exposure = %ctx.config.mode.as_str(), "operator running: controllers and upstream sync started");
 }
 

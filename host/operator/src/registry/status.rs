@@ -133,6 +133,9 @@ pub(crate) fn status(observed: &Observed, previous: &[Condition]) -> CdiProvider
         conditions: vec![ready, degraded],
         last_error: observed.failure.as_ref().map(|(_, m)| m.clone()),
         calls: Some(observed.calls.clone()),
+        // The pool publisher writes its own part (controllers::pool); a merge patch
+        // without it keeps it.
+        pool: None,
     }
 }
 

@@ -112,6 +112,7 @@ pub fn fast_timings() -> Timings {
         backoff_base: Duration::from_millis(100),
         backoff_max: Duration::from_secs(2),
         mirror_delay: Duration::from_millis(300),
+        pool_period: Duration::from_millis(500),
     }
 }
 

@@ -719,3 +719,334 @@ async fn nec_go_environment_without_provisional_uuid_connects_but_never_sees_the
     env.assert_known_commands();
     env.stop_operator().await.unwrap();
 }
+
+/// The pool of `provider`'s slices: `(pool name, generation, node names, device names)`
+/// per slice, sorted.
+async fn published(env: &Env, provider: &str) -> Vec<(String, i64, Vec<String>, Vec<String>)> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let slices: Api<ResourceSlice> = Api::all(env.client.clone());
+    let mut out: Vec<_> = slices
+        .list(
+            &ListParams::default().labels(&format!("{}={provider}", cro_api::LABEL_POOL_PROVIDER)),
+        )
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| {
+            let nodes = s
+                .spec
+                .node_selector
+                .iter()
+                .flat_map(|n| n.node_selector_terms.iter())
+                .flat_map(|t| t.match_fields.iter().flatten())
+                .flat_map(|f| f.values.iter().flatten().cloned())
+                .collect();
+            let devices = s
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .map(|d| d.name.clone())
+                .collect();
+            (s.spec.pool.name, s.spec.pool.generation, nodes, devices)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Two fabrics behind provider `fabric-a` (node pool-a-1 on fabric 1 with 3 free GPUs,
+/// pool-a-2 on fabric 2 with 1), provider `fabric-old` (a 0.1.0 component) on
+/// pool-b-1, and the operator publishing the GPU model's pool every 500 ms (the
+/// environment's fast timings).
+async fn pool_env() -> (Env, tempfile::NamedTempFile) {
+    let mut env = Env::start().await;
+    env.config.pool_devices = vec![cro_runtime::PoolKind {
+        device_type: cro_runtime::DeviceType::Gpu,
+        model: crate::common::MODEL.into(),
+    }];
+    env.add_node("pool-a-1", "16").await;
+    let on_two = env.add_node("pool-a-2", "16").await;
+    env.add_node("pool-b-1", "16").await;
+    label_node(&env, "pool-a-1", "a").await;
+    label_node(&env, "pool-a-2", "a").await;
+    label_node(&env, "pool-b-1", "b").await;
+    env.sim.set_machine_fabric(&on_two, 2).unwrap();
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 3);
+    env.sim
+        .add_free_devices_on(2, "gpu", crate::common::MODEL, 1);
+    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
+    // A 0.1.0 component that does not build the FTI crate again (building the 0.1.0
+    // FTI build alone rewrites the FTI component other tests of this process load).
+    let old = std::fs::read(cro_test_support::component("cro-testkit")).unwrap();
+    put_component(&env, "fti-old", "fti.wasm", old).await;
+    let (base, ca) = fti_spec(&env);
+    let mut a = base.clone();
+    a.node_selector = pool("a");
+    create_provider(&env, "fabric-a", a).await;
+    let b = CdiProviderSpec {
+        source: source("fti-old", "fti.wasm"),
+        config: BTreeMap::new(),
+        grants: Default::default(),
+        limits: Default::default(),
+        node_selector: pool("b"),
+        default: false,
+    };
+    create_provider(&env, "fabric-old", b).await;
+    start_objects_operator(&mut env).await;
+    (env, ca)
+}
+
+/// The free pool as ResourceSlices (docs/dra.md): one pool per fabric, bound to the
+/// nodes on that fabric, its devices carrying the binding conditions; it follows the
+/// fabric when devices go behind cro's back (within the pool period plus a read), an
+/// unchanged pool is not rewritten, and a provider of a contract without a pool (a
+/// 0.1.0 component; 0.2.0 takes the same path) publishes nothing and says why in its
+/// status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let (env, _ca) = pool_env().await;
+
+    let name = |p: &str| p.to_string();
+    let first = eventually("fabric-a's pools published", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
+    })
+    .await;
+    assert_eq!(first[0].0, "fabric-a/1");
+    assert_eq!(first[0].2, [name("pool-a-1")]);
+    assert_eq!(first[1].0, "fabric-a/2");
+    assert_eq!(first[1].2, [name("pool-a-2")]);
+    let slices: Api<ResourceSlice> = Api::all(env.client.clone());
+    let one = slices.get("cro-fabric-a-1-0").await.unwrap();
+    let device = &one.spec.devices.as_ref().unwrap()[0];
+    assert_eq!(one.spec.driver, cro_api::DRA_DRIVER);
+    assert_eq!(device.binds_to_node, Some(true), "{device:?}");
+    assert_eq!(
+        device.binding_conditions.as_deref(),
+        Some(&[cro_api::CONDITION_FABRIC_DEVICE_READY.to_string()][..])
+    );
+    let attrs = device.attributes.as_ref().unwrap();
+    assert_eq!(attrs["model"].string.as_deref(), Some(crate::common::MODEL));
+
+    // The old contract: no slices, and the status says why.
+    let why = eventually("fabric-old's pool status", CONVERGE, || async {
+        let p = providers(&env).get("fabric-old").await.ok()?;
+        p.status?.pool?.message
+    })
+    .await;
+    assert!(
+        why.contains("not supported") && why.contains("0.1.0"),
+        "{why}"
+    );
+    assert!(published(&env, "fabric-old").await.is_empty());
+    let status = providers(&env)
+        .get("fabric-a")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let pool_status = status.pool.unwrap();
+    assert_eq!((pool_status.devices, pool_status.pools), (4, 2));
+
+    // Another tenant takes two devices of fabric 1 behind cro's back: the next read
+    // withdraws them; fabric 2's unchanged slice is not written again.
+    let untouched = slices
+        .get("cro-fabric-a-2-0")
+        .await
+        .unwrap()
+        .resource_version();
+    assert_eq!(
+        env.sim.take_free_devices(1, "gpu", crate::common::MODEL, 2),
+        2
+    );
+    let taken = std::time::Instant::now();
+    let after = eventually("fabric 1's slice shrinks", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 1).then_some(p)
+    })
+    .await;
+    // The documented bound: one period and one read (a generous margin for a loaded box).
+    assert!(
+        taken.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        taken.elapsed()
+    );
+    assert!(
+        after[0].1 > first[0].1,
+        "a changed pool gets a new generation"
+    );
+    assert_eq!(
+        slices
+            .get("cro-fabric-a-2-0")
+            .await
+            .unwrap()
+            .resource_version(),
+        untouched,
+        "an unchanged pool is not rewritten"
+    );
+}
+
+/// The fabric machine of `node` in the environment's simulator.
+fn machine_of(env: &Env, node: &str) -> String {
+    env.sim
+        .machines()
+        .into_iter()
+        .find(|m| m.name == node)
+        .map(|m| m.uuid)
+        .unwrap_or_else(|| panic!("no machine for node {node}"))
+}
+
+/// A claim for one GPU of cro's driver, as a Pod's template would make it.
+async fn gpu_claim(env: &Env, name: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.cro.hpsys.ibm.ie.com"
+        }}]}},
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap()
+}
+
+/// What the scheduler writes when it allocates `device` of `pool` on `node` (this API
+/// server runs no scheduler: the test plays it, field for field).
+async fn allocate(env: &Env, claim: &str, pool: &str, device: &str, node: &str) {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    let status = json!({"status": {"allocation": {
+        "devices": {"results": [{
+            "request": "gpu", "driver": cro_api::DRA_DRIVER, "pool": pool, "device": device,
+            "bindingConditions": [cro_api::CONDITION_FABRIC_DEVICE_READY],
+            "bindingFailureConditions": [
+                cro_api::CONDITION_FABRIC_DEVICE_RESCHEDULE,
+                cro_api::CONDITION_FABRIC_DEVICE_FAILED
+            ],
+        }]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}
+        ]}]},
+        "allocationTimestamp": k8s_openapi::jiff::Timestamp::now().to_string(),
+    }}});
+    claims
+        .patch_status(claim, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// The claim's condition of cro's device that is True: (type, reason, data).
+async fn claim_condition(
+    env: &Env,
+    claim: &str,
+) -> Option<(String, String, Option<serde_json::Value>)> {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    let c = claims.get(claim).await.ok()?;
+    let d = c
+        .status?
+        .devices?
+        .into_iter()
+        .find(|d| d.driver == cro_api::DRA_DRIVER)?;
+    let cond = d.conditions?.into_iter().find(|c| c.status == "True")?;
+    Some((cond.type_, cond.reason, d.data.map(|r| r.0)))
+}
+
+/// The binding controller (docs/dra.md): a claim allocated a device of the published
+/// pool on a node gets a ComposableResource there, and once the device is Online the
+/// claim's `FabricDeviceReady` is True with the device's id; deleting the claim detaches
+/// the device back to the pool. A claim on a fabric with nothing free gets
+/// `FabricDeviceReschedule` and an Event, and nothing stays attached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocated_claim_gets_its_device_attached_and_ready() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let (env, _ca) = pool_env().await;
+    let first = eventually("fabric-a's pools published", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
+    })
+    .await;
+    let (pool_one, device) = (first[0].0.clone(), first[0].3[0].clone());
+
+    let claim = gpu_claim(&env, "train").await;
+    allocate(&env, "train", &pool_one, &device, "pool-a-1").await;
+    let (kind, reason, data) = eventually("FabricDeviceReady", CONVERGE, || async {
+        claim_condition(&env, "train").await
+    })
+    .await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("FabricDeviceReady", "Attached")
+    );
+    let data = data.expect("the device's ids");
+    let machine = machine_of(&env, "pool-a-1");
+    let on_node = env.sim.machine_devices(&machine);
+    assert_eq!(on_node.len(), 1);
+    assert_eq!(data["deviceId"], on_node[0].serial.as_str());
+    assert_eq!(data["node"], "pool-a-1");
+    let resource = format!("dra-{}-0", claim.uid().unwrap());
+    let resources: Api<cro_api::ComposableResource> = Api::all(env.client.clone());
+    let r = resources.get(&resource).await.unwrap();
+    assert_eq!(r.spec.model, crate::common::MODEL);
+    // The pool keeps the held device's name and offers the two still free.
+    let p = eventually("the held device stays published", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p[0].3.len() == 3 && p[0].3.contains(&device)).then_some(p)
+    })
+    .await;
+    assert_eq!(p[0].3.len(), 3);
+
+    // The claim goes (its Pod ended): the device goes back to the pool.
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    claims
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the device detached", CONVERGE, || async {
+        (env.sim.machine_devices(&machine).is_empty()
+            && resources.get_opt(&resource).await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+
+    // Fabric 2 has nothing free any more (taken behind cro's back before the slice
+    // followed): the attach finds no capacity and the Pod is placed again.
+    let pool_two = first[1].0.clone();
+    let lone = first[1].3[0].clone();
+    assert_eq!(
+        env.sim.take_free_devices(2, "gpu", crate::common::MODEL, 1),
+        1
+    );
+    gpu_claim(&env, "late").await;
+    allocate(&env, "late", &pool_two, &lone, "pool-a-2").await;
+    let (kind, reason, _) = eventually("FabricDeviceReschedule", CONVERGE, || async {
+        claim_condition(&env, "late").await
+    })
+    .await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("FabricDeviceReschedule", "NoCapacity")
+    );
+    let events = events_about(&env, Some("default"), "late").await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, note)| r == "NoCapacity" && note.contains("placed again")),
+        "{events:?}"
+    );
+    let two = machine_of(&env, "pool-a-2");
+    eventually("nothing left of the failed attach", CONVERGE, || async {
+        let left = resources
+            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .await
+            .ok()?
+            .items;
+        (left.is_empty() && env.sim.machine_devices(&two).is_empty()).then_some(())
+    })
+    .await;
+}
