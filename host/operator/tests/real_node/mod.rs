@@ -653,3 +653,267 @@ async fn real_node_nec_go_readme_flow_with_the_provisional_uuid() {
     );
     env.stop_operator().await.unwrap();
 }
+
+/// A Pod asks for a fabric GPU through a ResourceClaim while no node has one (docs/dra.md):
+/// the real kube-scheduler allocates a device of cro's published pool to the real node
+/// and waits in PreBind; cro attaches a GPU there and sets `FabricDeviceReady`; the
+/// scheduler binds the Pod. Deleting the Pod deletes its claim and the GPU goes back to
+/// the pool. With two Pods and one GPU, the second waits unschedulable, holding nothing,
+/// until the first goes. (Starting the container needs cro's kubelet plugin for the driver, which
+/// prepares the claim: not there yet, so the Pod stays bound but not Running.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+    let mut env = Env::start_real(NodeSetup::gpu_operator()).await;
+    let machine = env.add_real_node(NodeOptions::default()).await;
+    env.sim.add_free_devices("gpu", MODEL, 1);
+    env.config.pool_devices = vec![cro_runtime::PoolKind {
+        device_type: cro_runtime::DeviceType::Gpu,
+        model: MODEL.into(),
+    }];
+    // The chart's DeviceClass for GPUs.
+    let class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "gpu.cro.hpsys.ibm.ie.com"},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == \"cro.hpsys.ibm.ie.com\" && device.attributes[\"cro.hpsys.ibm.ie.com\"].type == \"gpu\""}}]},
+    }))
+    .unwrap();
+    Api::<DeviceClass>::all(env.client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    env.start_operator().await;
+    eventually("the pool's slice", CONVERGE, || async {
+        let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(env.client.clone())
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cro"))
+            .await
+            .ok()?;
+        slices
+            .items
+            .iter()
+            .any(|s| s.spec.devices.as_ref().is_some_and(|d| d.len() == 1))
+            .then_some(())
+    })
+    .await;
+    assert!(env.gpus_on(&machine).is_empty(), "no GPU on any node yet");
+
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": WORKLOAD_NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.cro.hpsys.ibm.ie.com",
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes[\"cro.hpsys.ibm.ie.com\"].model == \"{MODEL}\"")}}],
+        }}]}}},
+    }))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(env.client.clone(), WORKLOAD_NS)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    env.node_sim
+        .real()
+        .node
+        .wait_default_service_account(WORKLOAD_NS)
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": WORKLOAD_NS},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "train", "image": STANDIN_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/node-standin", "pause", "--announce", "workload"],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    let resources: Api<cro_api::ComposableResource> = Api::all(env.client.clone());
+    let created = std::time::Instant::now();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // When each step was first seen (polled every 100 ms, until a deadline).
+    let mut seen: Vec<(&str, Duration)> = Vec::new();
+    let deadline = std::time::Instant::now() + CONVERGE;
+    loop {
+        let claim = claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .pop();
+        let status = claim.as_ref().and_then(|c| c.status.clone());
+        let r = resources
+            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .await
+            .unwrap()
+            .items
+            .pop();
+        let bound = pods
+            .get("trainer")
+            .await
+            .ok()
+            .and_then(|p| p.spec)
+            .is_some_and(|s| s.node_name.as_deref() == Some(NODE_NAME));
+        for (step, now) in [
+            (
+                "allocated",
+                status.as_ref().is_some_and(|s| s.allocation.is_some()),
+            ),
+            ("resource created", r.is_some()),
+            (
+                "attached",
+                r.as_ref().is_some_and(|r| r.device_id().is_some()),
+            ),
+            (
+                "Online on the node",
+                r.as_ref()
+                    .is_some_and(|r| r.state() == cro_api::ResourceState::Online),
+            ),
+            (
+                "FabricDeviceReady",
+                status
+                    .as_ref()
+                    .is_some_and(|s| s.devices.as_ref().is_some_and(|d| !d.is_empty())),
+            ),
+            ("bound", bound),
+        ] {
+            if now && !seen.iter().any(|(s, _)| *s == step) {
+                seen.push((step, created.elapsed()));
+            }
+        }
+        if bound {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Pod was not bound within {CONVERGE:?}; steps seen: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bound = created.elapsed();
+    let gpus = env.gpus_on(&machine);
+    assert_eq!(gpus.len(), 1, "one GPU attached for the claim");
+    let claim = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the Pod's claim");
+    let status = claim.status.clone().unwrap();
+    let device = status
+        .devices
+        .unwrap_or_default()
+        .into_iter()
+        .find(|d| d.driver == cro_api::DRA_DRIVER)
+        .expect("cro's device status");
+    let ready = device
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == cro_api::CONDITION_FABRIC_DEVICE_READY)
+        .expect("FabricDeviceReady");
+    assert_eq!(ready.status, "True");
+    assert_eq!(device.data.unwrap().0["deviceId"], gpus[0].as_str());
+    eprintln!(
+        "real node: Pod created → bound after attaching a GPU in {bound:?}; steps first seen: {seen:?}"
+    );
+
+    delete_pod_and_wait(&env, WORKLOAD_NS, "trainer").await;
+    eventually("the Pod's claim gone", CONVERGE, || async {
+        claims
+            .get_opt(&claim.name_any())
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+
+    // Two Pods, one GPU in the pool: the scheduler allocates the one device to one Pod
+    // and leaves the other Pending (its claim unallocated, no device held); once the
+    // first Pod goes, the second gets the device.
+    let mut pod_two = pod.clone();
+    pods.create(&PostParams::default(), &named(&pod, "first"))
+        .await
+        .unwrap();
+    pod_two.metadata.name = Some("second".into());
+    eventually("one Pod bound", CONVERGE, || async {
+        bound_pods(&pods)
+            .await
+            .contains(&"first".to_string())
+            .then_some(())
+    })
+    .await;
+    pods.create(&PostParams::default(), &pod_two).await.unwrap();
+    let waiting = eventually("the second Pod unschedulable", CONVERGE, || async {
+        let p = pods.get("second").await.ok()?;
+        let c = p
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.status == "False").then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    eprintln!("real node: the Pod beyond the pool waits: {waiting}");
+    assert_eq!(
+        env.gpus_on(&machine).len(),
+        1,
+        "only the bound Pod's device"
+    );
+    assert!(!bound_pods(&pods).await.contains(&"second".to_string()));
+    delete_pod_and_wait(&env, WORKLOAD_NS, "first").await;
+    eventually(
+        "the second Pod bound once the device is free",
+        CONVERGE,
+        || async {
+            bound_pods(&pods)
+                .await
+                .contains(&"second".to_string())
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(env.gpus_on(&machine).len(), 1);
+    delete_pod_and_wait(&env, WORKLOAD_NS, "second").await;
+    eventually("every claim gone", CONVERGE, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
+    env.stop_operator().await.unwrap();
+}
+
+fn named(pod: &Pod, name: &str) -> Pod {
+    let mut p = pod.clone();
+    p.metadata.name = Some(name.into());
+    p
+}
+
+/// The Pods bound to the real node.
+async fn bound_pods(pods: &Api<Pod>) -> Vec<String> {
+    pods.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE_NAME))
+        .map(|p| p.name_any())
+        .collect()
+}
