@@ -201,10 +201,18 @@ fn device_status<'a>(
         .as_ref()
 }
 
-/// (pool, device) → (type, model) of every device cro's slices publish.
+/// A device cro's slices publish: its kind and the nodes its pool reaches.
+#[derive(Debug, Clone)]
+struct Published {
+    kind: ResourceType,
+    model: String,
+    nodes: BTreeSet<String>,
+}
+
+/// (pool, device) → what cro's slices say of the device.
 async fn published_devices(
     ctx: &Context,
-) -> Result<BTreeMap<(String, String), (ResourceType, String)>, kube::Error> {
+) -> Result<BTreeMap<(String, String), Published>, kube::Error> {
     let slices: Api<ResourceSlice> = Api::all(ctx.client.clone());
     let mut out = BTreeMap::new();
     for s in slices
@@ -212,6 +220,15 @@ async fn published_devices(
         .await?
         .items
     {
+        let nodes: BTreeSet<String> = s
+            .spec
+            .node_selector
+            .iter()
+            .flat_map(|n| n.node_selector_terms.iter())
+            .flat_map(|t| t.match_fields.iter().flatten())
+            .filter(|r| r.key == "metadata.name" && r.operator == "In")
+            .flat_map(|r| r.values.iter().flatten().cloned())
+            .collect();
         for d in s.spec.devices.iter().flatten() {
             let attr = |k: &str| {
                 d.attributes
@@ -225,7 +242,12 @@ async fn published_devices(
                 _ => continue,
             };
             if let Some(model) = attr("model") {
-                out.insert((s.spec.pool.name.clone(), d.name.clone()), (kind, model));
+                let device = Published {
+                    kind,
+                    model,
+                    nodes: nodes.clone(),
+                };
+                out.insert((s.spec.pool.name.clone(), d.name.clone()), device);
             }
         }
     }
@@ -238,7 +260,7 @@ async fn create(
     ctx: &Context,
     resources: &Api<ComposableResource>,
     w: &Wanted,
-    published: &BTreeMap<(String, String), (ResourceType, String)>,
+    published: &BTreeMap<(String, String), Published>,
 ) -> Result<(), ReconcileError> {
     let Some(node) = &w.node else {
         return fail(
@@ -250,8 +272,7 @@ async fn create(
         )
         .await;
     };
-    let Some((kind, model)) = published.get(&(w.result.pool.clone(), w.result.device.clone()))
-    else {
+    let Some(device) = published.get(&(w.result.pool.clone(), w.result.device.clone())) else {
         return fail(
             ctx,
             w,
@@ -264,6 +285,19 @@ async fn create(
         )
         .await;
     };
+    if !device.nodes.contains(node) {
+        return fail(
+            ctx,
+            w,
+            CONDITION_FABRIC_DEVICE_FAILED,
+            "NodeUnreachable",
+            &format!(
+                "pool {} does not reach node {node}: its fabric cannot attach a device there",
+                w.result.pool
+            ),
+        )
+        .await;
+    }
     if ctx.caches.node(node).is_none() {
         return fail(
             ctx,
@@ -300,8 +334,8 @@ async fn create(
             ..ObjectMeta::default()
         },
         spec: ComposableResourceSpec {
-            resource_type: *kind,
-            model: model.clone(),
+            resource_type: device.kind,
+            model: device.model.clone(),
             target_node: node.clone(),
             force_detach: false,
         },

@@ -1050,3 +1050,148 @@ async fn an_allocated_claim_gets_its_device_attached_and_ready() {
     })
     .await;
 }
+
+/// What cannot be bound ends in a failure condition, and nothing stays attached to
+/// nobody: a device cro never published (`NotPublished`), a node the device's fabric does
+/// not reach (`NodeUnreachable`), a claim deleted while its device is being attached
+/// (released), and a slice edited by hand (cro's version is back within the period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    let (env, _ca) = pool_env().await;
+    let first = eventually("fabric-a's pools published", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
+    })
+    .await;
+    let (pool_one, device) = (first[0].0.clone(), first[0].3[0].clone());
+
+    gpu_claim(&env, "ghost").await;
+    allocate(&env, "ghost", &pool_one, "gpu-nothing-0", "pool-a-1").await;
+    gpu_claim(&env, "far").await;
+    allocate(&env, "far", &pool_one, &device, "pool-a-2").await;
+    for (claim, kind, reason) in [
+        ("ghost", "FabricDeviceReschedule", "NotPublished"),
+        ("far", "FabricDeviceFailed", "NodeUnreachable"),
+    ] {
+        let (k, r, _) = eventually(&format!("{claim}'s failure"), CONVERGE, || async {
+            claim_condition(&env, claim).await
+        })
+        .await;
+        assert_eq!((k.as_str(), r.as_str()), (kind, reason), "{claim}");
+        let events = events_about(&env, Some("default"), claim).await;
+        assert!(
+            events.iter().any(|(e, _)| e == reason),
+            "{claim}: {events:?}"
+        );
+    }
+
+    // Deleted right after the scheduler allocated it: whatever was attached is released.
+    gpu_claim(&env, "brief").await;
+    allocate(&env, "brief", &pool_one, &device, "pool-a-1").await;
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    claims
+        .delete("brief", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // A slice edited by hand: the next round writes cro's version back.
+    let slices: Api<ResourceSlice> = Api::all(env.client.clone());
+    let mut edited = slices.get("cro-fabric-a-1-0").await.unwrap();
+    let forged = &mut edited.spec.devices.as_mut().unwrap()[0];
+    forged
+        .attributes
+        .as_mut()
+        .unwrap()
+        .get_mut("model")
+        .unwrap()
+        .string = Some("forged".into());
+    slices
+        .replace("cro-fabric-a-1-0", &PostParams::default(), &edited)
+        .await
+        .unwrap();
+    eventually("the hand edit undone", CONVERGE, || async {
+        let s = slices.get("cro-fabric-a-1-0").await.ok()?;
+        let devices = s.spec.devices?;
+        devices
+            .iter()
+            .all(|d| {
+                d.attributes
+                    .as_ref()
+                    .and_then(|a| a["model"].string.as_deref())
+                    == Some(crate::common::MODEL)
+            })
+            .then_some(())
+    })
+    .await;
+
+    let resources: Api<cro_api::ComposableResource> = Api::all(env.client.clone());
+    let (one, two) = (machine_of(&env, "pool-a-1"), machine_of(&env, "pool-a-2"));
+    eventually("nothing attached for any of them", CONVERGE, || async {
+        let left = resources
+            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .await
+            .ok()?
+            .items;
+        (left.is_empty()
+            && env.sim.machine_devices(&one).is_empty()
+            && env.sim.machine_devices(&two).is_empty())
+        .then_some(())
+    })
+    .await;
+}
+
+/// Crash-safe: the operator stops after attaching a claim's device but (as far as the
+/// claim shows) before its condition; the next operator finds the resource it made (its
+/// name comes from the claim), sets the condition with the same device, and attaches no
+/// second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_between_attach_and_condition_attaches_no_second_device() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let (mut env, _ca) = pool_env().await;
+    let first = eventually("fabric-a's pools published", CONVERGE, || async {
+        let p = published(&env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 3).then_some(p)
+    })
+    .await;
+    let claim = gpu_claim(&env, "steady").await;
+    allocate(&env, "steady", &first[0].0, &first[0].3[0], "pool-a-1").await;
+    let resource = format!("dra-{}-0", claim.uid().unwrap());
+    let resources: Api<cro_api::ComposableResource> = Api::all(env.client.clone());
+    let device = eventually("the device attached", CONVERGE, || async {
+        resources
+            .get(&resource)
+            .await
+            .ok()?
+            .device_id()
+            .map(str::to_owned)
+    })
+    .await;
+    env.stop_operator().await.unwrap();
+    // The crash came before the condition was written: none on the claim.
+    let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), "default");
+    claims
+        .patch_status(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"devices": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(claim_condition(&env, "steady").await.is_none());
+
+    start_objects_operator(&mut env).await;
+    let (kind, _, data) = eventually("FabricDeviceReady after the restart", CONVERGE, || async {
+        claim_condition(&env, "steady").await
+    })
+    .await;
+    assert_eq!(kind, "FabricDeviceReady");
+    assert_eq!(data.unwrap()["deviceId"], device.as_str());
+    let machine = machine_of(&env, "pool-a-1");
+    assert_eq!(
+        env.sim.machine_devices(&machine).len(),
+        1,
+        "no second device"
+    );
+    assert_eq!(env.sim.requests_to(fabric_sim::Route::FmAttach).len(), 1);
+}
