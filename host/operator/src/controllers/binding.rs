@@ -31,6 +31,7 @@ use serde_json::json;
 
 use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
+use crate::plumbing::reconcile;
 
 /// The label naming the claim (its UID) a ComposableResource attaches for.
 pub(crate) const LABEL_CLAIM_UID: &str = "cro.hpsys.ibm.ie.com/claim-uid";
@@ -48,22 +49,8 @@ pub(crate) async fn run(ctx: &Context, shutdown: impl std::future::Future<Output
     if ctx.config.pool_devices.is_empty() {
         return;
     }
-    let mut tick = tokio::time::interval(ctx.config.timings.poll_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut shutdown => return,
-        }
-        let started = std::time::Instant::now();
-        let result = bind(ctx).await;
-        let kind = result.as_ref().err().map(ReconcileError::kind);
-        ctx.metrics.reconciled("binding", kind, started.elapsed());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "binding allocated claims failed");
-        }
-    }
+    let period = ctx.config.timings.poll_interval;
+    reconcile::every(ctx, "binding", period, shutdown, || bind(ctx)).await;
 }
 
 /// One device of one claim, as the scheduler allocated it.

@@ -8,7 +8,6 @@
 //! `CdiProvider` status (`status.pool`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 
 use cro_api::{
     CONDITION_FABRIC_DEVICE_READY, CdiProvider, DRA_DRIVER, LABEL_MANAGED_BY, LABEL_POOL_PROVIDER,
@@ -22,7 +21,9 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use serde_json::json;
 
 use crate::decide::slices::{self, DesiredSlice, Held};
+use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
+use crate::plumbing::reconcile;
 use crate::registry::Registry;
 
 /// The `app.kubernetes.io/managed-by` value of cro's slices.
@@ -40,22 +41,11 @@ pub(crate) async fn run(
     if ctx.config.pool_devices.is_empty() {
         return;
     }
-    let mut tick = tokio::time::interval(ctx.config.timings.pool_period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut shutdown => return,
-        }
-        let started = Instant::now();
-        let result = publish(ctx, registry).await;
-        let kind = result.as_ref().err().map(|_| "kube");
-        ctx.metrics.reconciled("pool", kind, started.elapsed());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "publishing the free pool failed");
-        }
-    }
+    let period = ctx.config.timings.pool_period;
+    reconcile::every(ctx, "pool", period, shutdown, || async {
+        publish(ctx, registry).await.map_err(ReconcileError::from)
+    })
+    .await;
 }
 
 /// One round: every provider's pool read, its slices written, its status recorded.

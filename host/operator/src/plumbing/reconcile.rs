@@ -20,6 +20,38 @@ use crate::plumbing::conditions::{self, Reported};
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
 
+/// Runs `round` every `period` until `shutdown` (a round that overruns delays the next
+/// rather than stacking), each one timed as a reconciliation of `controller` and a
+/// failed one logged: the loops that look at the whole cluster at once (the free pool,
+/// the claims to bind).
+pub(crate) async fn every<F, Fut>(
+    ctx: &Context,
+    controller: &'static str,
+    period: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut round: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), ReconcileError>>,
+{
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut shutdown => return,
+        }
+        let started = Instant::now();
+        let result = round().await;
+        let kind = result.as_ref().err().map(ReconcileError::kind);
+        ctx.metrics.reconciled(controller, kind, started.elapsed());
+        if let Err(e) = result {
+            tracing::warn!(controller, error = %e, "a round failed");
+        }
+    }
+}
+
 /// How soon a conflict (the object changed under us) is retried.
 const CONFLICT_RETRY: Duration = Duration::from_millis(100);
 

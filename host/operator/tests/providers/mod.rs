@@ -798,6 +798,15 @@ async fn pool_env() -> (Env, tempfile::NamedTempFile) {
     (env, ca)
 }
 
+/// `pool_env`'s first publication: fabric 1's three devices, fabric 2's one.
+async fn pools_published(env: &Env) -> Vec<(String, i64, Vec<String>, Vec<String>)> {
+    eventually("fabric-a's pools published", CONVERGE, || async {
+        let p = published(env, "fabric-a").await;
+        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
+    })
+    .await
+}
+
 /// The free pool as ResourceSlices (docs/dra.md): one pool per fabric, bound to the
 /// nodes on that fabric, its devices carrying the binding conditions; it follows the
 /// fabric when devices go behind cro's back (within the pool period plus a read), an
@@ -810,11 +819,7 @@ async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
     let (env, _ca) = pool_env().await;
 
     let name = |p: &str| p.to_string();
-    let first = eventually("fabric-a's pools published", CONVERGE, || async {
-        let p = published(&env, "fabric-a").await;
-        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
-    })
-    .await;
+    let first = pools_published(&env).await;
     assert_eq!(first[0].0, "fabric-a/1");
     assert_eq!(first[0].2, [name("pool-a-1")]);
     assert_eq!(first[1].0, "fabric-a/2");
@@ -966,11 +971,7 @@ async fn claim_condition(
 async fn an_allocated_claim_gets_its_device_attached_and_ready() {
     use k8s_openapi::api::resource::v1::ResourceClaim;
     let (env, _ca) = pool_env().await;
-    let first = eventually("fabric-a's pools published", CONVERGE, || async {
-        let p = published(&env, "fabric-a").await;
-        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
-    })
-    .await;
+    let first = pools_published(&env).await;
     let (pool_one, device) = (first[0].0.clone(), first[0].3[0].clone());
 
     let claim = gpu_claim(&env, "train").await;
@@ -1059,11 +1060,7 @@ async fn an_allocated_claim_gets_its_device_attached_and_ready() {
 async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
     use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
     let (env, _ca) = pool_env().await;
-    let first = eventually("fabric-a's pools published", CONVERGE, || async {
-        let p = published(&env, "fabric-a").await;
-        (p.len() == 2 && p[0].3.len() == 3 && p[1].3.len() == 1).then_some(p)
-    })
-    .await;
+    let first = pools_published(&env).await;
     let (pool_one, device) = (first[0].0.clone(), first[0].3[0].clone());
 
     gpu_claim(&env, "ghost").await;
@@ -1149,11 +1146,7 @@ async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
 async fn a_restart_between_attach_and_condition_attaches_no_second_device() {
     use k8s_openapi::api::resource::v1::ResourceClaim;
     let (mut env, _ca) = pool_env().await;
-    let first = eventually("fabric-a's pools published", CONVERGE, || async {
-        let p = published(&env, "fabric-a").await;
-        (p.len() == 2 && p[0].3.len() == 3).then_some(p)
-    })
-    .await;
+    let first = pools_published(&env).await;
     let claim = gpu_claim(&env, "steady").await;
     allocate(&env, "steady", &first[0].0, &first[0].3[0], "pool-a-1").await;
     let resource = format!("dra-{}-0", claim.uid().unwrap());
