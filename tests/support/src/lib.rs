@@ -5,6 +5,12 @@
 //! waits on the lock held by the cargo that runs the tests — and returns the `.wasm`
 //! path. Cargo runs once per process per package; it is a fast no-op when the component
 //! is up to date.
+//!
+//! The path returned is a copy made right after the package's own build
+//! (`target/wasm/built/<package>/`), not cargo's output file: cargo rewrites that file
+//! when another package is built alone that depends on this one with other features
+//! (building `fti-v0-1-0` alone writes an `fti_provider.wasm` without its export), and a
+//! test of the same process reading it then would load the wrong component.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -90,7 +96,7 @@ fn build_once(package: &str, example: Option<&str>, artifact: PathBuf) -> Result
     }
     let result = run_cargo(package, example).and_then(|()| {
         if artifact.is_file() {
-            Ok(artifact)
+            keep_copy(&key, &artifact)
         } else {
             Err(format!(
                 "cargo built {key} but {} does not exist",
@@ -100,6 +106,28 @@ fn build_once(package: &str, example: Option<&str>, artifact: PathBuf) -> Result
     });
     built.insert(key, result.clone());
     result
+}
+
+/// A copy of `artifact` under `target/wasm/built/<key>/`, written to a temporary name
+/// and renamed into place so that a reader never sees half of it.
+fn keep_copy(key: &str, artifact: &Path) -> Result<PathBuf, String> {
+    let dir = wasm_target_dir()
+        .join("built")
+        .join(key.replace([' ', '/'], "_"));
+    let file = artifact
+        .file_name()
+        .ok_or_else(|| format!("{} has no file name", artifact.display()))?;
+    let kept = dir.join(file);
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        file.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::copy(artifact, &tmp))
+        .and_then(|_| std::fs::rename(&tmp, &kept))
+        .map_err(|e| format!("cannot keep a copy of {}: {e}", artifact.display()))?;
+    Ok(kept)
 }
 
 fn run_cargo(package: &str, example: Option<&str>) -> Result<(), String> {
