@@ -413,9 +413,10 @@ pub struct PoolStatus {
     /// Why nothing is published, when nothing is (`not supported: ...`, a failed read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// When the pool was last read.
+    /// When what is published (or why nothing is) last changed. The status is written
+    /// only then, not on every read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_read: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    pub last_changed: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// The component's own account of itself.

@@ -8,6 +8,7 @@
 //! `CdiProvider` status (`status.pool`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, PoisonError};
 
 use cro_api::{
     CONDITION_FABRIC_DEVICE_READY, CdiProvider, DRA_DRIVER, LABEL_MANAGED_BY, LABEL_POOL_PROVIDER,
@@ -42,14 +43,25 @@ pub(crate) async fn run(
         return;
     }
     let period = ctx.config.timings.pool_period;
+    // What each provider's status last said (the status is written when it changes).
+    let recorded = Mutex::new(BTreeMap::new());
     reconcile::every(ctx, "pool", period, shutdown, || async {
-        publish(ctx, registry).await.map_err(ReconcileError::from)
+        publish(ctx, registry, &recorded)
+            .await
+            .map_err(ReconcileError::from)
     })
     .await;
 }
 
+/// Each provider's last recorded pool status, without its time.
+type Recorded = Mutex<BTreeMap<String, PoolStatus>>;
+
 /// One round: every provider's pool read, its slices written, its status recorded.
-async fn publish(ctx: &Context, registry: &Registry) -> Result<(), kube::Error> {
+async fn publish(
+    ctx: &Context,
+    registry: &Registry,
+    recorded: &Recorded,
+) -> Result<(), kube::Error> {
     let slices_api: Api<ResourceSlice> = Api::all(ctx.client.clone());
     let existing = slices_api
         .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
@@ -94,7 +106,18 @@ async fn publish(ctx: &Context, registry: &Registry) -> Result<(), kube::Error> 
             .filter(|s| s.labels().get(LABEL_POOL_PROVIDER) == Some(&provider))
             .collect();
         apply(&slices_api, &provider, desired, &mine).await?;
-        record(ctx, &provider, status).await;
+        let changed = recorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&provider)
+            != Some(&status);
+        // Remembered only once written: a failed write is tried again next round.
+        if changed && record(ctx, &provider, status.clone()).await {
+            recorded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(provider.clone(), status);
+        }
         providers_seen.insert(provider);
     }
     // Slices of a provider that is gone.
@@ -113,7 +136,7 @@ fn status(devices: i64, pools: i64, message: Option<String>) -> PoolStatus {
         devices,
         pools,
         message,
-        last_read: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        last_changed: None,
     }
 }
 
@@ -276,21 +299,26 @@ async fn delete(api: &Api<ResourceSlice>, name: &str) -> Result<(), kube::Error>
 }
 
 /// The provider's `CdiProvider` status, when it has one (the implicit provider does
-/// not: its outcome is logged).
-async fn record(ctx: &Context, provider: &str, status: PoolStatus) {
+/// not: its outcome is logged). False when the write failed.
+async fn record(ctx: &Context, provider: &str, status: PoolStatus) -> bool {
     if let Some(message) = &status.message {
         tracing::debug!(provider, message = %message, "free pool not published");
     }
     let api: Api<CdiProvider> = Api::all(ctx.client.clone());
+    let status = PoolStatus {
+        last_changed: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        ..status
+    };
     let patch = json!({"status": {"pool": status}});
     match api
         .patch_status(provider, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if e.code == 404 => true,
         Err(e) => {
-            tracing::warn!(provider, error = %e, "cannot record the pool in the CdiProvider status")
+            tracing::warn!(provider, error = %e, "cannot record the pool in the CdiProvider status");
+            false
         }
     }
 }
