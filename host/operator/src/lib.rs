@@ -17,8 +17,10 @@
 //!   `CdiProvider` objects), and loading one from a spec ([`provider_spec`]).
 //! - `plumbing`: the Kubernetes plumbing the controllers stand on: watch caches, writes,
 //!   the Ready condition, one reconciliation's bookkeeping, the shared context.
-//! - `controllers`: the ComposabilityRequest and ComposableResource controllers and the
-//!   upstream sync of devices no resource claims (docs/behaviour.md §5).
+//! - `controllers`: the ComposabilityRequest and ComposableResource controllers, the
+//!   upstream sync of devices no resource claims (docs/behaviour.md §5), and the free
+//!   pool published to the scheduler with the binding of claims allocated from it
+//!   (docs/dra.md).
 //! - `serve`: beside the controllers, what serves clients: probes and `/metrics`, the
 //!   validating webhook (docs/behaviour.md §6) and its certificates.
 //! - `process`: the operator process: [`Operator`] and [`run()`], signals, leader
