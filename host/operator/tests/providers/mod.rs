@@ -867,18 +867,15 @@ async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
         env.sim.take_free_devices(1, "gpu", crate::common::MODEL, 2),
         2
     );
-    let taken = std::time::Instant::now();
-    let after = eventually("fabric 1's slice shrinks", CONVERGE, || async {
+    // The documented bound is one period (500 ms here) and one read; the deadline leaves a
+    // wide margin for a loaded 2-core box, and still fails a publisher that lags by
+    // periods of its own (the test's CONVERGE is 90 s).
+    let bound = std::time::Duration::from_secs(20);
+    let after = eventually("fabric 1's slice shrinks within the bound", bound, || async {
         let p = published(&env, "fabric-a").await;
         (p.len() == 2 && p[0].3.len() == 1).then_some(p)
     })
     .await;
-    // The documented bound: one period and one read (a generous margin for a loaded box).
-    assert!(
-        taken.elapsed() < std::time::Duration::from_secs(10),
-        "{:?}",
-        taken.elapsed()
-    );
     assert!(
         after[0].1 > first[0].1,
         "a changed pool gets a new generation"
