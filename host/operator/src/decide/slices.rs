@@ -205,16 +205,15 @@ fn nodes_selector(nodes: &[String]) -> NodeSelector {
     }
 }
 
-/// The object name of a pool's `index`th slice: `cro-<provider>-<pool>-<index>`, cut
-/// to a DNS subdomain with a hash when long.
+/// The object name of a pool's `index`th slice: `cro-<provider>-<pool>-<hash>-<index>`.
+/// The hash of the exact provider and pool keeps two pairs that read alike once made
+/// DNS labels (provider `a-b` pool `1`, provider `a` pool `b-1`) from sharing a name;
+/// the readable part is cut so the name stays a DNS subdomain.
 pub(crate) fn slice_name(provider: &str, pool: &str, index: usize) -> String {
-    let base = format!("cro-{}-{}", label(provider, 200), label(pool, 63));
-    let base = if base.len() > 230 {
-        format!("{}-{}", &base[..200], short_hash(provider, pool))
-    } else {
-        base
-    };
-    format!("{base}-{index}")
+    let mut base = format!("cro-{}-{}", label(provider, 150), label(pool, 63));
+    base.truncate(200);
+    let base = base.trim_end_matches('-');
+    format!("{base}-{}-{index}", short_hash(provider, pool))
 }
 
 /// `text` as a DNS label part: lowercase letters, digits and `-`, at most `max`
@@ -292,7 +291,7 @@ mod tests {
         );
         assert_eq!(slices.len(), 2, "a pool reaching no node is not published");
         let s = &slices[0];
-        assert_eq!(s.name, "cro-fti-1-0");
+        assert_eq!(s.name, slice_name("fti", "1", 0));
         assert_eq!(s.spec.driver, DRA_DRIVER);
         assert_eq!(s.spec.pool.name, "fti/1");
         assert_eq!(s.spec.pool.resource_slice_count, 1);
@@ -388,7 +387,12 @@ mod tests {
             );
         }
         assert_eq!(pool_name("fti", "Fabric #1"), "fti/fabric-1");
-        assert_eq!(slice_name("fti", "Fabric #1", 2), "cro-fti-fabric-1-2");
+        let name = slice_name("fti", "Fabric #1", 2);
+        assert!(
+            name.starts_with("cro-fti-fabric-1-") && name.ends_with("-2"),
+            "{name}"
+        );
+        assert_ne!(slice_name("a-b", "1", 0), slice_name("a", "b-1", 0));
         assert!(slice_name(&"p".repeat(250), "1", 0).len() <= 253);
     }
 }

@@ -798,6 +798,20 @@ async fn pool_env() -> (Env, tempfile::NamedTempFile) {
     (env, ca)
 }
 
+/// The name of the (first) ResourceSlice of cro's pool `pool`.
+async fn slice_of(env: &Env, pool: &str) -> String {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    Api::<ResourceSlice>::all(env.client.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cro"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|s| s.spec.pool.name == pool)
+        .map(|s| s.name_any())
+        .unwrap_or_else(|| panic!("no slice of pool {pool}"))
+}
+
 /// `pool_env`'s first publication: fabric 1's three devices, fabric 2's one.
 async fn pools_published(env: &Env) -> Vec<(String, i64, Vec<String>, Vec<String>)> {
     eventually("fabric-a's pools published", CONVERGE, || async {
@@ -825,7 +839,11 @@ async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
     assert_eq!(first[1].0, "fabric-a/2");
     assert_eq!(first[1].2, [name("pool-a-2")]);
     let slices: Api<ResourceSlice> = Api::all(env.client.clone());
-    let one = slices.get("cro-fabric-a-1-0").await.unwrap();
+    let (name_one, name_two) = (
+        slice_of(&env, "fabric-a/1").await,
+        slice_of(&env, "fabric-a/2").await,
+    );
+    let one = slices.get(&name_one).await.unwrap();
     let device = &one.spec.devices.as_ref().unwrap()[0];
     assert_eq!(one.spec.driver, cro_api::DRA_DRIVER);
     assert_eq!(device.binds_to_node, Some(true), "{device:?}");
@@ -858,11 +876,7 @@ async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
 
     // Another tenant takes two devices of fabric 1 behind cro's back: the next read
     // withdraws them; fabric 2's unchanged slice is not written again.
-    let untouched = slices
-        .get("cro-fabric-a-2-0")
-        .await
-        .unwrap()
-        .resource_version();
+    let untouched = slices.get(&name_two).await.unwrap().resource_version();
     assert_eq!(
         env.sim.take_free_devices(1, "gpu", crate::common::MODEL, 2),
         2
@@ -871,21 +885,21 @@ async fn the_free_pool_is_published_per_fabric_and_follows_the_fabric() {
     // wide margin for a loaded 2-core box, and still fails a publisher that lags by
     // periods of its own (the test's CONVERGE is 90 s).
     let bound = std::time::Duration::from_secs(20);
-    let after = eventually("fabric 1's slice shrinks within the bound", bound, || async {
-        let p = published(&env, "fabric-a").await;
-        (p.len() == 2 && p[0].3.len() == 1).then_some(p)
-    })
+    let after = eventually(
+        "fabric 1's slice shrinks within the bound",
+        bound,
+        || async {
+            let p = published(&env, "fabric-a").await;
+            (p.len() == 2 && p[0].3.len() == 1).then_some(p)
+        },
+    )
     .await;
     assert!(
         after[0].1 > first[0].1,
         "a changed pool gets a new generation"
     );
     assert_eq!(
-        slices
-            .get("cro-fabric-a-2-0")
-            .await
-            .unwrap()
-            .resource_version(),
+        slices.get(&name_two).await.unwrap().resource_version(),
         untouched,
         "an unchanged pool is not rewritten"
     );
@@ -1091,7 +1105,8 @@ async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
 
     // A slice edited by hand: the next round writes cro's version back.
     let slices: Api<ResourceSlice> = Api::all(env.client.clone());
-    let mut edited = slices.get("cro-fabric-a-1-0").await.unwrap();
+    let name_one = slice_of(&env, "fabric-a/1").await;
+    let mut edited = slices.get(&name_one).await.unwrap();
     let forged = &mut edited.spec.devices.as_mut().unwrap()[0];
     forged
         .attributes
@@ -1101,11 +1116,11 @@ async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
         .unwrap()
         .string = Some("forged".into());
     slices
-        .replace("cro-fabric-a-1-0", &PostParams::default(), &edited)
+        .replace(&name_one, &PostParams::default(), &edited)
         .await
         .unwrap();
     eventually("the hand edit undone", CONVERGE, || async {
-        let s = slices.get("cro-fabric-a-1-0").await.ok()?;
+        let s = slices.get(&name_one).await.ok()?;
         let devices = s.spec.devices?;
         devices
             .iter()
