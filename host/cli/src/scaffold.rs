@@ -25,6 +25,7 @@ const JS_BUILD: &str = include_str!("../templates/javascript/build.mjs.tmpl");
 const JS_PACKAGE: &str = include_str!("../templates/javascript/package.json.tmpl");
 const JS_README: &str = include_str!("../templates/javascript/README.md.tmpl");
 /// The contract the Python and JavaScript templates build against, as this cro serves it.
+const WIT_0_3_0: &str = include_str!("../../../wit/since_v0.3.0/provider.wit");
 const WIT_0_2_0: &str = include_str!("../../../wit/since_v0.2.0/provider.wit");
 const WIT_0_1_0: &str = include_str!("../../../wit/since_v0.1.0/provider.wit");
 const RUST_GITIGNORE: &str = "/target\n";
@@ -120,7 +121,11 @@ pub fn render(
             .replace("{{sdk_path}}", &sdk)
     };
     let wit = |mut files: Vec<(&'static str, String)>| {
-        files.push(("wit/provider.wit", WIT_0_2_0.to_string()));
+        files.push(("wit/provider.wit", WIT_0_3_0.to_string()));
+        files.push((
+            "wit/deps/cro-provider-0.2.0/provider.wit",
+            WIT_0_2_0.to_string(),
+        ));
         files.push((
             "wit/deps/cro-provider-0.1.0/provider.wit",
             WIT_0_1_0.to_string(),

@@ -184,6 +184,7 @@ fn the_rest_template_certifies_and_a_build_with_three_bugs_fails_on_each() {
     let sim = Announced::reference(&good);
     let (passed, report) = certify(&wasm, &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the REST template as generated");
+    assert_pool_read(&report, "the REST template as generated");
     assert!(
         report.contains("against restfabric (simulator at "),
         "{report}"
@@ -278,6 +279,7 @@ fn the_fti_python_and_javascript_templates_certify_as_generated() {
     let sim = Announced::reference(&py);
     let (passed, report) = certify(&py.join("acme_py.wasm"), &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the Python template");
+    assert_pool_read(&report, "the Python template");
     drop(sim);
 
     // JavaScript: `node build.mjs` with componentize-js (setup's install stands in for
@@ -292,6 +294,19 @@ fn the_fti_python_and_javascript_templates_certify_as_generated() {
     let sim = Announced::reference(&js);
     let (passed, report) = certify(&js.join("acme_js.wasm"), &["--fabric-sim", &sim.url]);
     assert_certified(passed, &report, "the JavaScript template");
+    assert_pool_read(&report, "the JavaScript template");
+}
+
+/// The template reads its fabric's pool (contract 0.3.0): the pool checks ran and
+/// passed on a count, not skipped or passed on `not-supported`.
+fn assert_pool_read(report: &str, what: &str) {
+    for check in ["pool", "pool-follows-fabric", "fault-5xx-pool"] {
+        assert!(line(report, check).starts_with("PASS"), "{what}: {report}");
+    }
+    assert!(
+        line(report, "pool").contains("as the fabric holds"),
+        "{what}: {report}"
+    );
 }
 
 #[test]
