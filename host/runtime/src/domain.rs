@@ -231,6 +231,34 @@ pub enum PoolOutcome {
     NotSupported(String),
 }
 
+impl PoolOutcome {
+    /// Only what `query` asked about: the query's nodes, and its kinds, each counted
+    /// once (the first count a provider gave). The contract lets a fabric report more
+    /// (it may list every free device it has), but nodes it was not asked about are
+    /// another provider's, and a kind listed twice would publish one device name twice.
+    pub fn limited_to(self, query: &PoolQuery) -> PoolOutcome {
+        match self {
+            PoolOutcome::NotSupported(why) => PoolOutcome::NotSupported(why),
+            PoolOutcome::Pools(pools) => PoolOutcome::Pools(
+                pools
+                    .into_iter()
+                    .map(|mut p| {
+                        p.nodes.retain(|n| query.nodes.contains(n));
+                        p.nodes.dedup();
+                        let mut seen = Vec::new();
+                        p.free.retain(|f| {
+                            let keep = query.kinds.contains(&f.kind) && !seen.contains(&f.kind);
+                            seen.push(f.kind.clone());
+                            keep
+                        });
+                        p
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
 impl FabricPool {
     /// The pool's id and nodes are identifiers, and no kind lists more sizes than
     /// devices: a reply that breaks either is malformed.
@@ -398,6 +426,39 @@ mod tests {
                 sizes: sizes.to_vec(),
             }],
         }
+    }
+
+    #[test]
+    fn a_pool_is_limited_to_the_nodes_and_kinds_asked_for() {
+        let asked = PoolKind {
+            device_type: DeviceType::CxlMemory,
+            model: "CXL 256GiB".into(),
+        };
+        let mut p = pool("1", "w0", 2, &[]);
+        p.nodes.push("someone-elses".into());
+        p.free.push(FreeDevices {
+            kind: asked.clone(),
+            count: 9,
+            sizes: Vec::new(),
+        });
+        p.free.push(FreeDevices {
+            kind: PoolKind {
+                device_type: DeviceType::Gpu,
+                model: "not asked".into(),
+            },
+            count: 5,
+            sizes: Vec::new(),
+        });
+        let query = PoolQuery {
+            kinds: vec![asked],
+            nodes: vec!["w0".into()],
+        };
+        let PoolOutcome::Pools(limited) = PoolOutcome::Pools(vec![p]).limited_to(&query) else {
+            panic!("pools stay pools");
+        };
+        assert_eq!(limited[0].nodes, ["w0"]);
+        assert_eq!(limited[0].free.len(), 1, "{:?}", limited[0].free);
+        assert_eq!(limited[0].free[0].count, 2, "the first count of the kind");
     }
 
     #[test]

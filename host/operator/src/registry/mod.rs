@@ -343,7 +343,9 @@ impl Registry {
             };
             let r = provider.pool(&mine).await;
             slot.count(&r);
-            out.push((slot, r));
+            // What the provider says of nodes it does not serve, or of kinds nobody
+            // asked for, is not published.
+            out.push((slot, r.map(|o| o.limited_to(&mine))));
         }
         out
     }
