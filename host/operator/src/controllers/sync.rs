@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams, PostParams};
 
 use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
+use crate::plumbing::reconcile;
 use crate::provider::Operation;
 use crate::provider::node_machine::{self, ANNOTATION_NODE_MACHINE};
 
@@ -194,24 +195,13 @@ pub(crate) async fn sync_once(
 /// Runs rounds every sync period until `shutdown` resolves. Errors are logged and
 /// counted; the next round tries again.
 pub(crate) async fn run(ctx: &Context, shutdown: impl std::future::Future<Output = ()>) {
-    let mut tracker = OrphanTracker::default();
-    let mut tick = tokio::time::interval(ctx.config.timings.sync_period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut shutdown => return,
-        }
-        let started = Instant::now();
-        let result = sync_once(ctx, &mut tracker).await;
-        let kind = result.as_ref().err().map(ReconcileError::kind);
-        ctx.metrics
-            .reconciled("upstream-sync", kind, started.elapsed());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "upstream sync failed");
-        }
-    }
+    // Rounds run one at a time; the lock only carries the tracker from one to the next.
+    let tracker = tokio::sync::Mutex::new(OrphanTracker::default());
+    let period = ctx.config.timings.sync_period;
+    reconcile::every(ctx, "upstream-sync", period, shutdown, || async {
+        sync_once(ctx, &mut *tracker.lock().await).await.map(drop)
+    })
+    .await;
 }
 
 #[cfg(test)]
