@@ -379,14 +379,40 @@ async fn follow(
         return Ok(());
     }
     // Failed before Online: the scheduler places the Pod again, and the resource goes
-    // (its detach releases whatever the attach got).
+    // (its detach releases whatever the attach got). No capacity is final at once; any
+    // other error (a call that timed out on a busy fabric, a node step under way) is
+    // retried by the resource's own backoff first, and fails the claim only once it
+    // has stood for `GIVE_UP`.
     let (condition, reason) = if error.contains("no capacity") {
         (CONDITION_FABRIC_DEVICE_RESCHEDULE, "NoCapacity")
-    } else {
+    } else if failing_for(r).is_some_and(|d| d >= GIVE_UP) {
         (CONDITION_FABRIC_DEVICE_FAILED, "AttachFailed")
+    } else {
+        return Ok(());
     };
     fail(ctx, w, condition, reason, error).await?;
     ctx.delete_once(resources, r).await
+}
+
+/// How long an attach may keep failing (other than for capacity) before its claim is
+/// given up and the Pod placed again.
+const GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long the resource has been failing: since its Ready condition turned to reason
+/// `Error`.
+fn failing_for(r: &ComposableResource) -> Option<std::time::Duration> {
+    let since = r
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Error")?
+        .last_transition_time
+        .0;
+    k8s_openapi::jiff::Timestamp::now()
+        .duration_since(since)
+        .try_into()
+        .ok()
 }
 
 /// A failure condition on the claim, with an Event naming why.

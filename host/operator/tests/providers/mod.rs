@@ -1026,13 +1026,17 @@ async fn an_allocated_claim_gets_its_device_attached_and_ready() {
     })
     .await;
 
-    // Fabric 2 has nothing free any more (taken behind cro's back before the slice
-    // followed): the attach finds no capacity and the Pod is placed again.
+    // Fabric 2 answers every attach that it has nothing free (as when another tenant
+    // took the device between the slice's last read and the attach): no capacity, and
+    // the Pod is placed again. A fault, not a device really taken: taking it would let
+    // the next pool read withdraw it first, and the claim would fail as NotPublished
+    // instead; and on every attach, or the resource's retry would get the device.
     let pool_two = first[1].0.clone();
     let lone = first[1].3[0].clone();
-    assert_eq!(
-        env.sim.take_free_devices(2, "gpu", crate::common::MODEL, 1),
-        1
+    env.sim.inject(
+        fabric_sim::Fault::NoFreeDevice
+            .on(fabric_sim::Route::FmAttach)
+            .always(),
     );
     gpu_claim(&env, "late").await;
     allocate(&env, "late", &pool_two, &lone, "pool-a-2").await;
