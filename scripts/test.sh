@@ -23,10 +23,12 @@ BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
 export CRO_KUBE_APISERVER="$BIN_DIR/kube-apiserver" CRO_ETCD="$BIN_DIR/etcd"
 echo "control plane ready in $(( $(date +%s) - t0 )) s: $BIN_DIR"
 
-step "real-node tier: kubelet, controller-manager, scheduler, kubectl; stand-in images"
+step "real-node tier: kubelet, controller-manager, scheduler, kubectl, containerd; stand-in images"
 t0=$(date +%s)
 CRO_KUBE_NODE_BIN_DIR="$("$ROOT/tests/control-plane/ensure-node-binaries.sh" | tail -n 1)"
 export CRO_KUBE_NODE_BIN_DIR
+CRO_CONTAINERD_BIN_DIR="$("$ROOT/tests/real-node/containerd/build.sh" | tail -n 1)"
+export CRO_CONTAINERD_BIN_DIR
 (cd "$ROOT/tests/real-node/device-plugin" && go vet ./... && go test ./...)
 tests/real-node/images/build.sh >/dev/null
 echo "real-node binaries and images ready in $(( $(date +%s) - t0 )) s: $CRO_KUBE_NODE_BIN_DIR"

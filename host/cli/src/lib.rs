@@ -4,6 +4,7 @@
 //! `test`, `new`).
 
 pub mod inspect;
+pub mod kubelet_plugin;
 pub mod provider;
 pub mod scaffold;
 pub mod status;
@@ -49,6 +50,11 @@ pub enum Command {
     /// and wait for its pods, so the leader Lease is released. Exits 1 on a refusal or at
     /// the deadline, having changed nothing that loses work.
     BeforeUninstall(uninstall::BeforeUninstallArgs),
+    /// Serve the kubelet as the DRA plugin of cro's driver on this node: prepare a Pod's
+    /// claim by handing its containers the fabric GPU cro attached (a CDI device setting
+    /// NVIDIA_VISIBLE_DEVICES to the GPU's UUID). The chart runs it as a DaemonSet when
+    /// the fabric's pool is published (docs/dra.md).
+    KubeletPlugin(kubelet_plugin::KubeletPluginArgs),
     /// Work with provider components (WebAssembly components of the cro:provider world).
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -91,6 +97,7 @@ pub enum ProviderCommand {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run_operator(*args),
+        Command::KubeletPlugin(args) => kubelet_plugin::run(args).map(|()| ExitCode::SUCCESS),
         Command::Status => status_command(),
         Command::Crds => {
             print!("{}", crds_yaml()?);

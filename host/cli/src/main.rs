@@ -25,7 +25,7 @@ fn main() -> ExitCode {
     // overrides both; CRO_LOG_FORMAT=json gives one JSON object per line for collectors.
     // `provider test` provokes failures on purpose: its report says what went wrong.
     let default = match &cli.command {
-        cro::Command::Run(_) => "info",
+        cro::Command::Run(_) | cro::Command::KubeletPlugin(_) => "info",
         cro::Command::Provider(cro::ProviderCommand::Test(_)) => "error",
         _ => "warn",
     };

@@ -115,6 +115,18 @@ provider:
             CERT_MANAGER_AND_GPU_OPERATOR,
         ),
         (
+            "pool-with-kubelet-plugin",
+            NS,
+            r#"
+hostNetwork: true
+pool:
+  devices: [{type: gpu, model: "A100 40G"}, {type: cxlmemory, model: "CXL 128G"}]
+kubeletPlugin: {cdiDir: /etc/cdi, tolerations: [{operator: Exists}]}
+"#
+            .to_owned(),
+            &[],
+        ),
+        (
             "host-network",
             NS,
             r#"
@@ -237,7 +249,10 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
         for m in &objs {
             if !matches!(
                 m.kind.as_str(),
-                "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "ValidatingWebhookConfiguration"
+                    | "DeviceClass"
             ) {
                 assert!(
                     m.namespace.is_some(),
@@ -464,6 +479,22 @@ fn chart_lints_and_renders_what_a_cluster_needs() {
                 let role = find(&objs, "Role", "cro-manager")["rules"].to_string();
                 assert!(!role.contains("\"credentials\""), "{role}");
             }
+            "pool-with-kubelet-plugin" => {
+                assert_eq!(
+                    env_value(manager, "CRO_POOL_DEVICES"),
+                    Some("gpu=A100 40G;cxlmemory=CXL 128G")
+                );
+                find(&objs, "DeviceClass", "gpu.cro.hpsys.ibm.ie.com");
+                find(&objs, "DeviceClass", "cxlmemory.cro.hpsys.ibm.ie.com");
+                let plugin =
+                    &find(&objs, "DaemonSet", "cro-kubelet-plugin")["spec"]["template"]["spec"];
+                assert_eq!(plugin["hostNetwork"], true, "as the operator's pods");
+                assert_eq!(plugin["tolerations"][0]["operator"], "Exists");
+                assert_eq!(
+                    env_value(&plugin["containers"][0], "CRO_CDI_DIR"),
+                    Some("/etc/cdi")
+                );
+            }
             other => panic!("unchecked value set {other}"),
         }
     }
@@ -570,6 +601,87 @@ fn gpu_operator_role_only_where_the_gpu_operator_is() {
             "RoleBinding nvidia/cro-gpu-operator"
         ]
     );
+}
+
+/// The fabric's pool: DeviceClasses, the binder's right to write its drivers' device
+/// status, and the kubelet plugin DaemonSet, all only when `pool.devices` is set.
+#[test]
+fn pool_objects_and_the_kubelet_plugin_only_with_a_pool() {
+    let defaults = render_yaml("", &[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|m| m.name.contains("kubelet-plugin") || m.kind == "DeviceClass"),
+        "nothing of the pool without pool.devices"
+    );
+    let yaml = "pool: {devices: [{type: gpu, model: A100}]}
+kubeletPlugin: {kubeletDir: /data/kubelet}
+";
+    let objs = render_yaml(yaml, &[]);
+    assert!(kinds(&objs).contains("DeviceClass"));
+    let ds = find(&objs, "DaemonSet", "cro-kubelet-plugin");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "cro-kubelet-plugin");
+    let c = &pod["containers"][0];
+    assert_eq!(args_of(c), ["kubelet-plugin"]);
+    assert_eq!(env_value(c, "CRO_KUBELET_DIR"), Some("/data/kubelet"));
+    assert_eq!(env_value(c, "CRO_CDI_DIR"), Some("/var/run/cdi"));
+    let node_name = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .unwrap();
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let mounts: Vec<&str> = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            "/data/kubelet/plugins_registry",
+            "/data/kubelet/plugins/cro.hpsys.ibm.ie.com",
+            "/var/run/cdi"
+        ]
+    );
+    // The plugin reads claims and nothing else.
+    let role = find(&objs, "ClusterRole", "cro-kubelet-plugin");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}])
+    );
+    // The operator may write device status for its own driver only.
+    let driver_rule = objs
+        .iter()
+        .filter(|m| m.kind == "ClusterRole")
+        .flat_map(|m| m.object["rules"].as_array().cloned().unwrap_or_default())
+        .find(|r| r["resources"] == serde_json::json!(["resourceclaims/driver"]))
+        .expect("a rule on resourceclaims/driver");
+    assert_eq!(
+        driver_rule["resourceNames"],
+        serde_json::json!(["cro.hpsys.ibm.ie.com"])
+    );
+    assert!(
+        driver_rule["verbs"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("arbitrary-node:patch"))
+    );
+    let off = render_yaml(
+        "pool: {devices: [{type: gpu, model: A100}]}\nkubeletPlugin: {enabled: false}\n",
+        &[],
+    );
+    assert!(
+        !off.iter()
+            .any(|m| m.kind == "DaemonSet" && m.name == "cro-kubelet-plugin")
+    );
+    assert!(kinds(&off).contains("DeviceClass"));
 }
 
 /// Pods on the node's network: hostNetwork, its DNS policy, the listeners' addresses and

@@ -352,6 +352,7 @@ async fn follow(
         && let Some(device_id) = r.device_id()
     {
         let data = json!({
+            "type": r.spec.resource_type.as_str(),
             "deviceId": device_id,
             "fabricDeviceId": r.cdi_device_id().unwrap_or_default(),
             "node": r.spec.target_node,

@@ -20,7 +20,10 @@ use kube::api::{Api, ListParams, PostParams};
 use kube_harness::tools::{self, DEPLOY_DIR, Tool};
 use serde_json::json;
 
-use super::{apply_go_readme_request, assert_all_commands_through_exec, go_readme_request};
+use super::{
+    WORKLOAD_NS, apply_go_readme_request, assert_all_commands_through_exec,
+    create_gpu_claim_template, delete_pod_and_wait, go_readme_request, gpu_claim_pod, printed_gpu,
+};
 use crate::common::nodes::{NodeOptions, NodeSetup};
 use crate::common::{CONVERGE, Env, MODEL, OPERATOR_NS, eventually};
 
@@ -120,6 +123,12 @@ pub(super) fn install_values(env: &Env, ports: &Ports) -> String {
             {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
         ],
         "gpuOperator": {"rbac": true},
+        // The fabric's free GPUs as ResourceSlices, and the kubelet plugin on the node.
+        "pool": {"devices": [{"type": "gpu", "model": MODEL}], "period": "2s"},
+        "kubeletPlugin": {
+            "kubeletDir": env.node_sim.real().node.kubelet_root(),
+            "cdiDir": env.node_sim.real().node.cdi_dir(),
+        },
         "provider": {"fti": {
             "endpoint": env.sim.endpoint(),
             "tenantId": env.sim.tenant_id().to_string(),
@@ -341,6 +350,34 @@ async fn helm_install_upgrade_and_uninstall_with_a_live_request() {
     assert_eq!(gpus.len(), 2);
     let commands = assert_all_commands_through_exec(&env);
 
+    // A Pod's claim through what the chart installed for the pool: the operator publishes
+    // the free GPU, the scheduler allocates it, the operator attaches it, and the chart's
+    // kubelet plugin DaemonSet hands it to the container.
+    let t_claim = Instant::now();
+    create_gpu_claim_template(&env).await;
+    let workload: Api<Pod> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    workload
+        .create(&PostParams::default(), &gpu_claim_pod("claimer"))
+        .await
+        .unwrap();
+    let handed = printed_gpu(&workload, "claimer").await;
+    let claim_to_running = t_claim.elapsed();
+    let with_claim = env.gpus_on(&machine);
+    assert_eq!(
+        with_claim.len(),
+        3,
+        "the request's two GPUs and the claim's"
+    );
+    assert!(
+        with_claim.contains(&handed) && !gpus.contains(&handed),
+        "the container got the GPU attached for its claim: {handed} of {with_claim:?}"
+    );
+    delete_pod_and_wait(&env, WORKLOAD_NS, "claimer").await;
+    eventually("the claim's GPU back in the pool", CONVERGE, || async {
+        (env.gpus_on(&machine).len() == 2).then_some(())
+    })
+    .await;
+
     // Uninstall while the request holds GPUs: refused, the request named, nothing gone.
     let refused = helm
         .run(&["uninstall", RELEASE, "--wait", "--timeout", "3m"])
@@ -427,7 +464,8 @@ async fn helm_install_upgrade_and_uninstall_with_a_live_request() {
     assert_what_stays(&env).await;
     eprintln!(
         "helm on the real node: install → Ready {install_to_ready:?}; Go README request \
-         Running in {to_running:?} ({commands} node commands through pods/exec); upgrade → \
+         Running in {to_running:?} ({commands} node commands through pods/exec); a claim's \
+         Pod Running with its GPU in {claim_to_running:?}; upgrade → \
          Ready {upgrade_to_ready:?}; uninstall with detach {uninstall:?}"
     );
 }

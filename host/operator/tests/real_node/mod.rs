@@ -23,7 +23,7 @@ use crate::common::nodes::{DraNaming, DriverKind, Exposure, NodeOptions, NodeSet
 use crate::common::{CONVERGE, Env, GPU_NS, MODEL, eventually};
 
 const GO_README_REQUEST: &str = include_str!("../../../api/tests/fixtures/go-readme-request.yaml");
-const WORKLOAD_NS: &str = "default";
+pub(super) const WORKLOAD_NS: &str = "default";
 
 /// The Go operator's README request, aimed at the real node.
 fn go_readme_request() -> ComposabilityRequest {
@@ -146,7 +146,7 @@ async fn workload_gpu(env: &Env, name: &str) -> String {
     .await
 }
 
-async fn delete_pod_and_wait(env: &Env, namespace: &str, name: &str) {
+pub(super) async fn delete_pod_and_wait(env: &Env, namespace: &str, name: &str) {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), namespace);
     let _ = pods.delete(name, &DeleteParams::default()).await;
     eventually(&format!("pod {name} gone"), CONVERGE, || async {
@@ -663,7 +663,7 @@ async fn real_node_nec_go_readme_flow_with_the_provisional_uuid() {
 /// prepares the claim: not there yet, so the Pod stays bound but not Running.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
-    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
     let mut env = Env::start_real(NodeSetup::gpu_operator()).await;
     let machine = env.add_real_node(NodeOptions::default()).await;
     env.sim.add_free_devices("gpu", MODEL, 1);
@@ -684,6 +684,25 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
         .await
         .unwrap();
     env.start_operator().await;
+    // cro's kubelet plugin, as `cro kubelet-plugin` runs it on the node: it registers with
+    // the real kubelet and writes CDI specs where the node's containerd reads them.
+    let node = &env.node_sim.real().node;
+    let (stop_plugin, plugin_stop) = tokio::sync::oneshot::channel::<()>();
+    let plugin = tokio::spawn(cro_kubelet_plugin::run(
+        env.client.clone(),
+        cro_kubelet_plugin::Config {
+            node_name: NODE_NAME.into(),
+            kubelet_dir: node.kubelet_root().to_path_buf(),
+            cdi_dir: node.cdi_dir().to_path_buf(),
+        },
+        async move {
+            let _ = plugin_stop.await;
+        },
+    ));
+    let cdi_dir = node.cdi_dir().to_path_buf();
+    let registration = node
+        .kubelet_root()
+        .join("plugins_registry/cro.hpsys.ibm.ie.com-reg.sock");
     eventually("the pool's slice", CONVERGE, || async {
         let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(env.client.clone())
             .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cro"))
@@ -698,41 +717,8 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     .await;
     assert!(env.gpus_on(&machine).is_empty(), "no GPU on any node yet");
 
-    let template: ResourceClaimTemplate = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu", "namespace": WORKLOAD_NS},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.cro.hpsys.ibm.ie.com",
-            "selectors": [{"cel": {"expression":
-                format!("device.attributes[\"cro.hpsys.ibm.ie.com\"].model == \"{MODEL}\"")}}],
-        }}]}}},
-    }))
-    .unwrap();
-    Api::<ResourceClaimTemplate>::namespaced(env.client.clone(), WORKLOAD_NS)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    env.node_sim
-        .real()
-        .node
-        .wait_default_service_account(WORKLOAD_NS)
-        .await
-        .unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "trainer", "namespace": WORKLOAD_NS},
-        "spec": {
-            "hostNetwork": true,
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-            "containers": [{
-                "name": "train", "image": STANDIN_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/node-standin", "pause", "--announce", "workload"],
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
-        },
-    }))
-    .unwrap();
+    create_gpu_claim_template(&env).await;
+    let pod = gpu_claim_pod("trainer");
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
     let claims: Api<ResourceClaim> = Api::namespaced(env.client.clone(), WORKLOAD_NS);
     let resources: Api<cro_api::ComposableResource> = Api::all(env.client.clone());
@@ -755,12 +741,15 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
             .unwrap()
             .items
             .pop();
-        let bound = pods
-            .get("trainer")
-            .await
-            .ok()
-            .and_then(|p| p.spec)
+        let trainer = pods.get("trainer").await.ok();
+        let bound = trainer
+            .as_ref()
+            .and_then(|p| p.spec.as_ref())
             .is_some_and(|s| s.node_name.as_deref() == Some(NODE_NAME));
+        let running = trainer
+            .as_ref()
+            .and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.phase.as_deref() == Some("Running"));
         for (step, now) in [
             (
                 "allocated",
@@ -783,21 +772,22 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
                     .is_some_and(|s| s.devices.as_ref().is_some_and(|d| !d.is_empty())),
             ),
             ("bound", bound),
+            ("Running (claim prepared)", running),
         ] {
             if now && !seen.iter().any(|(s, _)| *s == step) {
                 seen.push((step, created.elapsed()));
             }
         }
-        if bound {
+        if running {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the Pod was not bound within {CONVERGE:?}; steps seen: {seen:?}"
+            "the Pod was not Running within {CONVERGE:?}; steps seen: {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let bound = created.elapsed();
+    let running = created.elapsed();
     let gpus = env.gpus_on(&machine);
     assert_eq!(gpus.len(), 1, "one GPU attached for the claim");
     let claim = claims
@@ -823,8 +813,19 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
         .expect("FabricDeviceReady");
     assert_eq!(ready.status, "True");
     assert_eq!(device.data.unwrap().0["deviceId"], gpus[0].as_str());
+    // The container sees the attached GPU's UUID, handed over by the kubelet plugin
+    // through a CDI spec that containerd applied.
+    assert_eq!(printed_gpu(&pods, "trainer").await, gpus[0]);
+    let spec_file = cdi_dir.join(format!(
+        "cro.hpsys.ibm.ie.com-{}.json",
+        claim.uid().unwrap()
+    ));
+    assert!(
+        spec_file.is_file(),
+        "the claim's CDI spec while the Pod runs"
+    );
     eprintln!(
-        "real node: Pod created → bound after attaching a GPU in {bound:?}; steps first seen: {seen:?}"
+        "real node: Pod created → Running with an attached GPU in {running:?}; steps first seen: {seen:?}"
     );
 
     delete_pod_and_wait(&env, WORKLOAD_NS, "trainer").await;
@@ -838,6 +839,7 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     })
     .await;
     env.assert_nothing_attached().await;
+    assert!(!spec_file.exists(), "the kubelet unprepared the claim");
 
     // Two Pods, one GPU in the pool: the scheduler allocates the one device to one Pod
     // and leaves the other Pending (its claim unallocated, no device held); once the
@@ -874,13 +876,11 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     assert!(!bound_pods(&pods).await.contains(&"second".to_string()));
     delete_pod_and_wait(&env, WORKLOAD_NS, "first").await;
     eventually(
-        "the second Pod bound once the device is free",
+        "the second Pod Running once the device is free",
         CONVERGE,
         || async {
-            bound_pods(&pods)
-                .await
-                .contains(&"second".to_string())
-                .then_some(())
+            let p = pods.get("second").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
         },
     )
     .await;
@@ -898,6 +898,70 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     .await;
     env.assert_nothing_attached().await;
     env.stop_operator().await.unwrap();
+    assert!(registration.exists(), "the plugin registered");
+    let _ = stop_plugin.send(());
+    plugin.await.unwrap().unwrap();
+    assert!(
+        !registration.exists(),
+        "the plugin unregistered on its way out"
+    );
+}
+
+/// The claim template a GPU Pod uses: one GPU of [`MODEL`] through the chart's DeviceClass.
+pub(super) async fn create_gpu_claim_template(env: &Env) {
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": WORKLOAD_NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.cro.hpsys.ibm.ie.com",
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes[\"cro.hpsys.ibm.ie.com\"].model == \"{MODEL}\"")}}],
+        }}]}}},
+    }))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(env.client.clone(), WORKLOAD_NS)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    env.node_sim
+        .real()
+        .node
+        .wait_default_service_account(WORKLOAD_NS)
+        .await
+        .unwrap();
+}
+
+/// A workload Pod with a claim from [`create_gpu_claim_template`]'s template; its
+/// container prints the GPUs it was handed (`NVIDIA_VISIBLE_DEVICES`) and waits.
+pub(super) fn gpu_claim_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "train", "image": STANDIN_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/node-standin", "pause", "--announce", "workload",
+                    "--print-env", "NVIDIA_VISIBLE_DEVICES"],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// What a [`gpu_claim_pod`]'s container printed as its GPUs, once it printed it.
+pub(super) async fn printed_gpu(pods: &Api<Pod>, name: &str) -> String {
+    eventually("the GPU's UUID in the container", CONVERGE, || async {
+        let logs = pods.logs(name, &LogParams::default()).await.ok()?;
+        logs.lines()
+            .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+            .map(str::to_owned)
+    })
+    .await
 }
 
 fn named(pod: &Pod, name: &str) -> Pod {

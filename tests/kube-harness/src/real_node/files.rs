@@ -18,6 +18,8 @@ pub(crate) struct Paths {
     pub(crate) containerd_state: PathBuf,
     pub(crate) containerd_sock: PathBuf,
     pub(crate) cni_conf: PathBuf,
+    /// The CDI spec directory containerd reads (the node's own, not the host's /var/run/cdi).
+    pub(crate) cdi_dir: PathBuf,
     pub(crate) kubelet_root: PathBuf,
     pub(crate) kubelet_config: PathBuf,
     pub(crate) kubelet_kubeconfig: PathBuf,
@@ -34,6 +36,7 @@ impl Paths {
             containerd_state: root.join("containerd/state"),
             containerd_sock: root.join("containerd/containerd.sock"),
             cni_conf: root.join("cni"),
+            cdi_dir: root.join("cdi"),
             kubelet_root: root.join("kubelet"),
             kubelet_config: root.join("kubelet.yaml"),
             kubelet_kubeconfig: root.join("kubelet.kubeconfig"),
@@ -89,6 +92,7 @@ pub(crate) fn write_all(
         &paths.containerd_root,
         &paths.containerd_state,
         &paths.cni_conf,
+        &paths.cdi_dir,
         &paths.kubelet_root,
     ] {
         std::fs::create_dir_all(dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
@@ -176,6 +180,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   disable_apparmor = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  # A DRA kubelet plugin hands a container its device as a CDI device (containerd 1.7+).
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi}"]
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -192,6 +199,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         sock = p.containerd_sock.display(),
         pause = PAUSE_IMAGE,
         cni = p.cni_conf.display(),
+        cdi = p.cdi_dir.display(),
     )
 }
 

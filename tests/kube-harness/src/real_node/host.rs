@@ -72,11 +72,7 @@ pub(crate) fn check_prerequisites() -> Result<(), RealNodeError> {
             "cgroups mounted at {CGROUP_ROOT} (v1 with a memory hierarchy, or v2)"
         )));
     }
-    for (tool, package) in [
-        ("containerd", "containerd"),
-        ("ctr", "containerd"),
-        ("runc", "runc"),
-    ] {
+    for (tool, package) in [("ctr", "containerd"), ("runc", "runc")] {
         if which(tool).is_none() {
             return Err(RealNodeError::Prerequisite(format!(
                 "`{tool}` on PATH (Debian package {package}; scripts/setup.sh installs it)"

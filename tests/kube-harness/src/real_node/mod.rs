@@ -48,6 +48,10 @@ const NODE_BINARIES_SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../control-plane/ensure-node-binaries.sh"
 );
+const CONTAINERD_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../real-node/containerd/build.sh"
+);
 const IMAGES_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../real-node/images/build.sh");
 /// The machine-wide lock: one real node at a time.
 const LOCK_FILE: &str = "/run/lock/cro-real-node.lock";
@@ -101,6 +105,8 @@ pub struct RealNode {
     paths: files::Paths,
     host: host::HostState,
     bins: PathBuf,
+    /// containerd 1.7 and its shim (built once; Debian's 1.6 reads no CDI specs).
+    containerd_bins: PathBuf,
     ports: files::Ports,
     /// The host before the node started, for a test's own check after teardown.
     before: host::SavedForCheck,
@@ -127,7 +133,7 @@ impl RealNode {
         let mut timings = Vec::new();
         let t = Instant::now();
         host::check_prerequisites()?;
-        let (bins, images) = tokio::task::spawn_blocking(build_dependencies)
+        let (bins, containerd_bins, images) = tokio::task::spawn_blocking(build_dependencies)
             .await
             .map_err(|e| RealNodeError::Prerequisite(format!("a build thread: {e}")))??;
         timings.push(("binaries and images", t.elapsed()));
@@ -159,6 +165,7 @@ impl RealNode {
             paths,
             host,
             bins,
+            containerd_bins,
             ports,
             before,
             torn_down: false,
@@ -216,6 +223,17 @@ impl RealNode {
     /// The address of the containerd socket (for `ctr --address`).
     pub fn containerd_address(&self) -> &Path {
         &self.paths.containerd_sock
+    }
+
+    /// The kubelet's root directory (`--root-dir`): a kubelet plugin registers under its
+    /// `plugins_registry` and serves under its `plugins`.
+    pub fn kubelet_root(&self) -> &Path {
+        &self.paths.kubelet_root
+    }
+
+    /// The CDI spec directory the node's containerd reads.
+    pub fn cdi_dir(&self) -> &Path {
+        &self.paths.cdi_dir
     }
 
     /// The kubelet's pid (a test kills or restarts it).
@@ -343,8 +361,15 @@ impl RealNode {
     }
 
     async fn start_containerd(&self) -> Result<Supervised, RealNodeError> {
-        let mut cmd = Command::new("containerd");
+        let mut cmd = Command::new(self.containerd_bins.join("containerd"));
         cmd.arg("--config").arg(&self.paths.containerd_config);
+        // containerd looks its shim up on PATH: ours first, the same version.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![self.containerd_bins.clone()];
+        dirs.extend(std::env::split_paths(&path));
+        if let Ok(joined) = std::env::join_paths(dirs) {
+            cmd.env("PATH", joined);
+        }
         let mut process = spawn_logged("containerd", cmd, &self.paths.log("containerd"))?;
         let sock = self.paths.containerd_sock.clone();
         let log = self.paths.log("containerd");
@@ -574,15 +599,22 @@ fn run_script(script: &str) -> Result<Vec<String>, RealNodeError> {
         .collect())
 }
 
-/// The node binaries' directory and the image archives.
-fn build_dependencies() -> Result<(PathBuf, Vec<PathBuf>), RealNodeError> {
-    let bins = run_script(NODE_BINARIES_SCRIPT)?
+/// The directory a build script printed last.
+fn built_dir(script: &str) -> Result<PathBuf, RealNodeError> {
+    run_script(script)?
         .last()
         .map(PathBuf::from)
+        .filter(|p| p.is_dir())
         .ok_or_else(|| RealNodeError::Build {
-            script: NODE_BINARIES_SCRIPT.into(),
+            script: script.into(),
             message: "printed no directory".into(),
-        })?;
+        })
+}
+
+/// The node binaries' directory, containerd's, and the image archives.
+fn build_dependencies() -> Result<(PathBuf, PathBuf, Vec<PathBuf>), RealNodeError> {
+    let bins = built_dir(NODE_BINARIES_SCRIPT)?;
+    let containerd_bins = built_dir(CONTAINERD_SCRIPT)?;
     let lines = run_script(IMAGES_SCRIPT)?;
     let images: Vec<PathBuf> = lines
         .iter()
@@ -597,7 +629,7 @@ fn build_dependencies() -> Result<(PathBuf, Vec<PathBuf>), RealNodeError> {
             message: format!("expected two image archives, got {lines:?}"),
         });
     }
-    Ok((bins, images))
+    Ok((bins, containerd_bins, images))
 }
 
 fn take_machine_lock() -> Result<File, RealNodeError> {
