@@ -8,6 +8,7 @@
 #   scripts/bench.sh            # the full run (docs/BENCHMARKS.md says how long)
 #   CRO_BENCH_SIZES="10:5:50 100:50:50" scripts/bench.sh   # other N:M:latency runs
 #   CRO_BENCH_REAL_NODE=5 scripts/bench.sh   # 5 requests on the real node (default 10; 0 skips)
+#   CRO_BENCH_DRA=8:3 scripts/bench.sh       # 8 claim Pods against a pool of 3 (default 6:2; 0 skips)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -35,6 +36,10 @@ SIZES="${CRO_BENCH_SIZES:-10:50:50 100:50:50 1000:50:50}"
 REAL_NODE="${CRO_BENCH_REAL_NODE:-10}"
 [[ "$REAL_NODE" =~ ^[0-9]+$ ]] || { echo "CRO_BENCH_REAL_NODE must be a number, not $REAL_NODE" >&2; exit 1; }
 REAL_NODE=$((10#$REAL_NODE))
+# Pods:pool of the DRA stage on the real node (each Pod claims one fabric GPU; the pool
+# holds fewer); 0 skips it.
+DRA="${CRO_BENCH_DRA:-6:2}"
+[[ "$DRA" == 0 || "$DRA" =~ ^[0-9]+:[0-9]+$ ]] || { echo "CRO_BENCH_DRA must be PODS:POOL or 0, not $DRA" >&2; exit 1; }
 
 step "control-plane binaries"
 BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
@@ -131,6 +136,17 @@ if [[ "$REAL_NODE" != 0 ]]; then
     why="$(grep -v '^note: ' "$OUT/real-node.err" | tail -n 1 || true)"
     echo "real-node run failed: $why" >&2
     printf '{"kind":"real_node_failed","requests":%s,"error":"%s"}\n' "$REAL_NODE" "$(printf '%s' "$why" | python_free_json)" >> "$RESULTS"
+  fi
+fi
+
+if [[ "$DRA" != 0 ]]; then
+  pods="${DRA%%:*}" pool="${DRA##*:}"
+  step "real node, DRA: $pods Pods claiming a fabric GPU each, a pool of $pool"
+  if ! CRO_BENCH_CRO="$CRO" CRO_BENCH_OPERATOR_LOG="$OUT/dra-operator.log" \
+      "$BENCH" real-node-dra "$pods" "$pool" 2> "$OUT/dra.err" | grep '^{' >> "$RESULTS"; then
+    why="$(grep -v '^note: ' "$OUT/dra.err" | tail -n 1 || true)"
+    echo "DRA run failed: $why" >&2
+    printf '{"kind":"real_node_dra_failed","pods":%s,"pool":%s,"error":"%s"}\n' "$pods" "$pool" "$(printf '%s' "$why" | python_free_json)" >> "$RESULTS"
   fi
 fi
 

@@ -45,7 +45,7 @@ pub fn go_environment(
 
 /// The `cro` executable: `CRO_BENCH_CRO`, else the one beside this executable (one cargo
 /// invocation that builds both packages puts them in the same directory).
-fn cro_executable() -> Result<PathBuf> {
+pub fn cro_executable() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("CRO_BENCH_CRO") {
         return Ok(PathBuf::from(path));
     }
@@ -74,6 +74,16 @@ impl OperatorProcess {
     /// Starts `cro run` on the cluster of `kubeconfig` and the fabric `sim`, its log
     /// (stdout and stderr) in `log`; returns once its controllers run.
     pub async fn start(kubeconfig: &Path, sim: &FabricSim, log: &Path) -> Result<Self> {
+        Self::start_with(kubeconfig, sim, log, &[]).await
+    }
+
+    /// [`Self::start`] with more environment (flags by their variables).
+    pub async fn start_with(
+        kubeconfig: &Path,
+        sim: &FabricSim,
+        log: &Path,
+        extra_env: &[(&str, String)],
+    ) -> Result<Self> {
         let files = tempfile::tempdir()?;
         let ca = files.path().join("fabric-ca.pem");
         std::fs::write(&ca, sim.ca_pem())?;
@@ -97,7 +107,8 @@ impl OperatorProcess {
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("CRO_PROVIDER_SPEC")
-            .env_remove("CRO_PROVIDER_OBJECTS");
+            .env_remove("CRO_PROVIDER_OBJECTS")
+            .envs(extra_env.iter().map(|(k, v)| (*k, v)));
         let child = spawn_logging(command, log)
             .with_context(|| format!("cannot start `{} run`", cro.display()))?;
         let pid = child.id().context("cro run exited at once")?;
@@ -194,7 +205,7 @@ impl OperatorProcess {
 /// Spawns `command` with stdout and stderr appended to a new file `log`. The child is
 /// killed if this process unwinds without stopping it (a panic in the shared test
 /// setup), so no operator outlives the benchmark's cluster.
-fn spawn_logging(mut command: Command, log: &Path) -> Result<Child> {
+pub fn spawn_logging(mut command: Command, log: &Path) -> Result<Child> {
     let out = std::fs::File::create(log)
         .with_context(|| format!("cannot create the operator's log {}", log.display()))?;
     command

@@ -8,6 +8,10 @@
 //! - `cro-bench real-node <requests>`: N requests × 1 GPU on the real one-node cluster
 //!   (docs/real-node.md), node commands through `pods/exec`, the operator as its own
 //!   `cro run` process; prints one JSON line (times, exec round trip, operator RSS).
+//! - `cro-bench real-node-dra <pods> <pool>`: N Pods with a ResourceClaim for one fabric
+//!   GPU each against a pool of M < N, on the real one-node cluster with the real
+//!   scheduler, `cro run` and `cro kubelet-plugin` as processes; prints one JSON line
+//!   (each step's times, the waves, what was left).
 //! - `cro-bench report <results.jsonl> <criterion dir>`: the report, Markdown on stdout.
 //!
 //! scripts/bench.sh runs them all.
@@ -18,6 +22,7 @@ mod common;
 
 mod converge;
 mod cro_process;
+mod dra;
 mod gomodel;
 mod memory;
 mod real_node;
@@ -28,7 +33,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench real-node <requests>\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
+        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench real-node <requests>\n       cro-bench real-node-dra <pods> <pool>\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
     );
     ExitCode::from(2)
 }
@@ -48,6 +53,10 @@ fn main() -> ExitCode {
         ["memory"] => memory::main(),
         ["real-node", n] => match n.parse() {
             Ok(n) if n > 0 => real_node::main(n),
+            _ => return usage(),
+        },
+        ["real-node-dra", n, m] => match (n.parse(), m.parse()) {
+            (Ok(n), Ok(m)) => dra::main(n, m),
             _ => return usage(),
         },
         ["memory-stage", stage] => memory::stage(stage),

@@ -83,6 +83,7 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
         memory(&mut o, mem)?;
     }
     real_node(&mut o, &lines)?;
+    real_node_dra(&mut o, &lines)?;
     goals(&mut o, &calls, &runs, mem)?;
     print!("{o}");
     Ok(())
@@ -499,6 +500,90 @@ fn real_node(o: &mut String, lines: &[Value]) -> Result<()> {
     writeln!(
         o,
         "\nThe RSS is the `cro run` process's alone (`VmRSS` of /proc/PID/status, sampled every 50 ms while the requests converge and go; `VmHWM` read before the stop): the fabric simulator, the stand-in service and the benchmark's API client run in the benchmark's process. The kernel's RSS counters lag by tens of KiB, so a sampled peak can read slightly above the high-water mark.\n"
+    )?;
+    Ok(())
+}
+
+/// The DRA stage: a claim's steps from the Pod's creation, the waves, what was left.
+fn real_node_dra(o: &mut String, lines: &[Value]) -> Result<()> {
+    for r in of(lines, "real_node_dra_failed") {
+        writeln!(
+            o,
+            "### Pods' ResourceClaims on the real node\n\nThe DRA stage ({} Pods, a pool of {}) did not finish: {}\n",
+            r["pods"],
+            r["pool"],
+            r["error"].as_str().unwrap_or("?")
+        )?;
+    }
+    let Some(r) = of(lines, "real_node_dra").next() else {
+        return Ok(());
+    };
+    writeln!(
+        o,
+        "### Pods' ResourceClaims on the real node (the real kube-scheduler; `cro run` and `cro kubelet-plugin` as processes; docs/dra.md)\n"
+    )?;
+    writeln!(
+        o,
+        "{} Pods, each claiming one fabric GPU, created at once against a pool of {} free GPUs (pool read every {}).\n",
+        r["pods"],
+        r["pool"],
+        r["pool_period"].as_str().unwrap_or("?")
+    )?;
+    writeln!(
+        o,
+        "| first wave, from each Pod's creation | median | max |\n|---|---|---|"
+    )?;
+    for (step, what) in [
+        (
+            "allocated",
+            "claim allocated by the scheduler from cro's slice",
+        ),
+        (
+            "attached",
+            "GPU attached by the fabric (ComposableResource)",
+        ),
+        ("online", "GPU visible on the node (Online)"),
+        ("ready", "`FabricDeviceReady=True` on the claim"),
+        ("bound", "Pod bound to the node"),
+        (
+            "running",
+            "Pod Running (claim prepared by the kubelet plugin)",
+        ),
+    ] {
+        let s = &r["first_wave"][step];
+        let sec = |k: &str| {
+            s[k].as_f64()
+                .map_or("-".to_owned(), |v| format!("{v:.2} s"))
+        };
+        writeln!(o, "| {what} | {} | {} |", sec("median_s"), sec("max_s"))?;
+    }
+    writeln!(
+        o,
+        "\nThe Pods beyond the pool: {} unschedulable, {} of them with a `FailedScheduling` Event, holding {} devices.\n",
+        r["waiting_unschedulable"],
+        r["waiting_failed_scheduling_events"],
+        r["waiting_holding_devices"]
+    )?;
+    writeln!(
+        o,
+        "| next wave (the Running Pods deleted) | Pods | their GPUs detached | next Pods Running |\n|---|---|---|---|"
+    )?;
+    for (i, w) in r["waves"].as_array().into_iter().flatten().enumerate() {
+        writeln!(
+            o,
+            "| {} | {} | {:.1} s | {:.1} s |",
+            i + 2,
+            w["pods"],
+            f(w, "detached_s"),
+            f(w, "s")
+        )?;
+    }
+    writeln!(
+        o,
+        "\nAll Pods deleted: clean after {:.1} s, left: {} (claims, resources, attached GPUs, CDI specs 0; the whole pool offered again). Operator stopped: exit {}.\n",
+        f(r, "cleanup_s"),
+        r["leftovers"],
+        r["operator_exit_code"]
     )?;
     Ok(())
 }

@@ -22,12 +22,16 @@ use cro_api::{
     CONDITION_FABRIC_DEVICE_RESCHEDULE, ComposableResource, ComposableResourceSpec, CroObjectExt,
     DRA_DRIVER, FINALIZER, LABEL_MANAGED_BY, ResourceState, ResourceType,
 };
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::events::EventType;
+use kube::runtime::watcher;
 use serde_json::json;
+use tokio::sync::Notify;
 
 use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
@@ -43,14 +47,41 @@ pub(crate) const ANNOTATION_CLAIM_DEVICE: &str = "cro.hpsys.ibm.ie.com/claim-dev
 /// The field manager of the claim status cro writes.
 const MANAGER: &str = "cro-binding";
 
-/// Binds every `poll_interval` until `shutdown`; does nothing without configured pool
-/// kinds (then no claim can be allocated a cro device).
+/// Binds every `poll_interval`, and soon after a claim or a claim's resource changes,
+/// until `shutdown`; does nothing without configured pool kinds (then no claim can be
+/// allocated a cro device).
 pub(crate) async fn run(ctx: &Context, shutdown: impl std::future::Future<Output = ()>) {
     if ctx.config.pool_devices.is_empty() {
         return;
     }
     let period = ctx.config.timings.poll_interval;
-    reconcile::every(ctx, "binding", period, shutdown, || bind(ctx)).await;
+    let wake = Arc::new(Notify::new());
+    // The watches only wake the loop: a round still lists what it acts on, so a missed
+    // or failed watch costs at most one period.
+    let watches = tokio::spawn(wake_on_changes(ctx.client.clone(), wake.clone()));
+    reconcile::every_or_woken(ctx, "binding", period, &wake, shutdown, || bind(ctx)).await;
+    watches.abort();
+}
+
+/// Notifies `wake` on every change of a ResourceClaim (an allocation to act on) or of a
+/// resource made for a claim (Online: the condition to set; failed: the claim to fail).
+async fn wake_on_changes(client: kube::Client, wake: Arc<Notify>) {
+    let claims = watcher(
+        Api::<ResourceClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(|_| ());
+    let resources = watcher(
+        Api::<ComposableResource>::all(client),
+        watcher::Config::default().labels(LABEL_CLAIM_UID),
+    )
+    .default_backoff()
+    .map(|_| ());
+    let mut changes = std::pin::pin!(futures::stream::select(claims, resources));
+    while changes.next().await.is_some() {
+        wake.notify_one();
+    }
 }
 
 /// One device of one claim, as the scheduler allocated it.

@@ -29,10 +29,54 @@ pub(crate) async fn every<F, Fut>(
     controller: &'static str,
     period: Duration,
     shutdown: impl Future<Output = ()>,
-    mut round: F,
+    round: F,
 ) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), ReconcileError>>,
+{
+    // Never notified: the rounds keep to the period.
+    let never = tokio::sync::Notify::new();
+    every_or_woken(ctx, controller, period, &never, shutdown, round).await;
+}
+
+/// How long a woken loop waits for the rest of a burst of changes before its round.
+const WAKE_SETTLE: Duration = Duration::from_millis(100);
+
+/// [`every`], and also soon after `wake` is notified (changes the round acts on, seen by
+/// a watch): notifications during a round or its settling coalesce into one more round,
+/// so a burst of changes costs a round or two, not one each.
+pub(crate) async fn every_or_woken<F, Fut>(
+    ctx: &Context,
+    controller: &'static str,
+    period: Duration,
+    wake: &tokio::sync::Notify,
+    shutdown: impl Future<Output = ()>,
+    round: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), ReconcileError>>,
+{
+    rounds(period, wake, shutdown, round, |result, took| {
+        let kind = result.as_ref().err().map(ReconcileError::kind);
+        ctx.metrics.reconciled(controller, kind, took);
+        if let Err(e) = result {
+            tracing::warn!(controller, error = %e, "a round failed");
+        }
+    })
+    .await;
+}
+
+/// The schedule of [`every_or_woken`]: `round` at once, then each period or soon after
+/// a wake, each outcome handed to `done` with its duration.
+async fn rounds<F, Fut, T>(
+    period: Duration,
+    wake: &tokio::sync::Notify,
+    shutdown: impl Future<Output = ()>,
+    mut round: F,
+    mut done: impl FnMut(T, Duration),
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
 {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -40,15 +84,18 @@ pub(crate) async fn every<F, Fut>(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = wake.notified() => {
+                tokio::select! {
+                    () = tokio::time::sleep(WAKE_SETTLE) => {}
+                    () = &mut shutdown => return,
+                }
+                tick.reset();
+            }
             () = &mut shutdown => return,
         }
         let started = Instant::now();
         let result = round().await;
-        let kind = result.as_ref().err().map(ReconcileError::kind);
-        ctx.metrics.reconciled(controller, kind, started.elapsed());
-        if let Err(e) = result {
-            tracing::warn!(controller, error = %e, "a round failed");
-        }
+        done(result, started.elapsed());
     }
 }
 
@@ -326,6 +373,63 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// A woken loop runs soon, a burst of wakes during a round costs one more round, and
+    /// without wakes the period holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_runs_a_round_soon_and_a_burst_coalesces() {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let ran = Arc::new(Mutex::new(Vec::<Duration>::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let start = tokio::time::Instant::now();
+        let loop_task = {
+            let (wake, ran) = (wake.clone(), ran.clone());
+            tokio::spawn(async move {
+                rounds(
+                    Duration::from_secs(3600),
+                    &wake,
+                    async move {
+                        let _ = stopped.await;
+                    },
+                    || {
+                        let ran = ran.clone();
+                        async move {
+                            ran.lock().unwrap().push(start.elapsed());
+                            // A round that takes a while: wakes meanwhile wait for it.
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    },
+                    |(), _| {},
+                )
+                .await;
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            ran.lock().unwrap().len(),
+            1,
+            "the first tick, then the period"
+        );
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            ran.lock().unwrap().len(),
+            2,
+            "woken within the settling time"
+        );
+        for _ in 0..50 {
+            wake.notify_one();
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let times = ran.lock().unwrap().clone();
+        assert_eq!(
+            times.len(),
+            3,
+            "fifty wakes in a round: one more round: {times:?}"
+        );
+        let _ = stop.send(());
+        loop_task.await.unwrap();
     }
 
     #[test]
