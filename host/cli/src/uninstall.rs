@@ -141,8 +141,40 @@ pub async fn before_uninstall(
             return Ok(Outcome::TimedOut);
         }
         settle_lease(&client, &args.namespace, &args.lease, out).await?;
+        // Only once no replica is left to publish them again.
+        withdraw_slices(&client, out).await?;
     }
     Ok(Outcome::Ready)
+}
+
+/// Deletes the ResourceSlices cro published for the fabric's free pool: left behind, the
+/// scheduler would go on allocating devices nobody attaches, and each Pod would wait
+/// out the binding timeout. Without the DRA API, or without the right to list them (the
+/// chart grants it with `pool.devices`), there is nothing of cro's to delete.
+async fn withdraw_slices(client: &kube::Client, out: &mut dyn Write) -> Result<(), UninstallError> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let api = Api::<ResourceSlice>::all(client.clone());
+    let selector = format!("{LABEL_MANAGED_BY}=cro");
+    let slices = match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => return Ok(()),
+        Err(e) => {
+            return Err(UninstallError::Api(format!(
+                "cannot list cro's ResourceSlices: {e}"
+            )));
+        }
+    };
+    for slice in &slices {
+        delete_if_present(&api, &slice.name_any()).await?;
+    }
+    if !slices.is_empty() {
+        let _ = writeln!(
+            out,
+            "deleted cro's {} ResourceSlices of the free pool",
+            slices.len()
+        );
+    }
+    Ok(())
 }
 
 async fn live_work(client: &kube::Client) -> Result<Live, UninstallError> {

@@ -502,7 +502,8 @@ fn step_figures(looked: &Looked, of: &BTreeSet<String>) -> Value {
             .map(Duration::as_secs_f64)
             .collect();
         times.sort_by(f64::total_cmp);
-        let median = times.get(times.len() / 2).copied();
+        // The lower median: of two Pods, the first.
+        let median = times.get(times.len().saturating_sub(1) / 2).copied();
         out.insert(
             step.to_owned(),
             json!({"median_s": median, "max_s": times.last(), "pods": times.len()}),

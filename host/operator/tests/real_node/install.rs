@@ -462,6 +462,27 @@ async fn helm_install_upgrade_and_uninstall_with_a_live_request() {
             .is_empty();
     assert!(job_gone, "the hook's Job is deleted once it succeeded");
     assert_what_stays(&env).await;
+    let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(env.client.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cro"))
+        .await
+        .unwrap();
+    assert!(
+        slices.items.is_empty(),
+        "no pool offered once cro is gone: {:?}",
+        slices
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
+    eventually("the kubelet plugin gone", CONVERGE, || async {
+        let pods = Api::<Pod>::namespaced(env.client.clone(), OPERATOR_NS)
+            .list(&ListParams::default().labels("app=cro-kubelet-plugin"))
+            .await
+            .ok()?;
+        pods.items.is_empty().then_some(())
+    })
+    .await;
     eprintln!(
         "helm on the real node: install → Ready {install_to_ready:?}; Go README request \
          Running in {to_running:?} ({commands} node commands through pods/exec); a claim's \

@@ -897,6 +897,97 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     })
     .await;
     env.assert_nothing_attached().await;
+
+    // The fabric answers every attach that it has nothing free (another tenant took the
+    // device between the pool's read and the attach): the claim gets
+    // FabricDeviceReschedule and an Event, the scheduler takes the allocation back and
+    // places the Pod again, nothing stays attached, and the Pod runs once the fabric
+    // has a device for it.
+    let no_capacity = env.sim.inject(
+        fabric_sim::Fault::NoFreeDevice
+            .on(fabric_sim::Route::FmAttach)
+            .always(),
+    );
+    pods.create(&PostParams::default(), &gpu_claim_pod("unlucky"))
+        .await
+        .unwrap();
+    let claim_name = eventually("the Pod's claim", CONVERGE, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .next()
+            .map(|c| c.name_any())
+    })
+    .await;
+    eventually("FabricDeviceReschedule on the claim", CONVERGE, || async {
+        let c = claims.get(&claim_name).await.ok()?;
+        c.status?
+            .devices?
+            .into_iter()
+            .flat_map(|d| d.conditions.unwrap_or_default())
+            .any(|c| {
+                c.type_ == cro_api::CONDITION_FABRIC_DEVICE_RESCHEDULE
+                    && c.status == "True"
+                    && c.reason == "NoCapacity"
+            })
+            .then_some(())
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), WORKLOAD_NS);
+    eventually("a NoCapacity Event on the claim", CONVERGE, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim_name.as_str())
+                    && e.reason.as_deref() == Some("NoCapacity")
+            })
+            .then_some(())
+    })
+    .await;
+    let unlucky = pods.get("unlucky").await.unwrap();
+    assert_ne!(
+        unlucky.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "no device, no start"
+    );
+    assert!(
+        env.gpus_on(&machine).is_empty(),
+        "nothing attached to the node"
+    );
+    env.sim.remove_fault(no_capacity);
+    eventually(
+        "the Pod Running once the fabric has a device",
+        CONVERGE,
+        || async {
+            let p = pods.get("unlucky").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        printed_gpu(&pods, "unlucky").await,
+        env.gpus_on(&machine)[0]
+    );
+    delete_pod_and_wait(&env, WORKLOAD_NS, "unlucky").await;
+    eventually("every claim gone", CONVERGE, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
     env.stop_operator().await.unwrap();
     assert!(registration.exists(), "the plugin registered");
     let _ = stop_plugin.send(());
