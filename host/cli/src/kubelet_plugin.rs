@@ -34,27 +34,9 @@ pub fn run(args: KubeletPluginArgs) -> anyhow::Result<()> {
             kubelet_dir: args.kubelet_dir,
             cdi_dir: args.cdi_dir,
         };
-        cro_kubelet_plugin::run(client, config, stop_signal())
+        // SIGTERM (the kubelet stopping the pod) or SIGINT, as for the operator.
+        cro_kubelet_plugin::run(client, config, cro_operator::shutdown_signal())
             .await
             .context("the kubelet plugin stopped")
     })
-}
-
-/// SIGTERM (the kubelet stopping the pod) or SIGINT.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
 }

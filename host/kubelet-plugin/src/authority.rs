@@ -45,9 +45,12 @@ pub(crate) fn relay(listener: UnixListener) -> ReceiverStream<io::Result<DuplexS
             };
             let conn = match accepted {
                 Ok((conn, _)) => conn,
+                // Out of descriptors, say: the kubelet retries registration, so wait
+                // and go on accepting rather than stop serving it for good.
                 Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
+                    tracing::warn!(error = %e, "cannot accept a registration connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
                 }
             };
             let (server_side, relay_side) = tokio::io::duplex(PIPE);

@@ -15,6 +15,9 @@ pub(crate) fn is_uid(uid: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
+/// Spec writes by this process, naming their temporary files apart.
+static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[derive(Debug, Clone)]
 pub(crate) struct SpecDir {
     dir: PathBuf,
@@ -35,8 +38,12 @@ impl SpecDir {
     pub(crate) fn write(&self, uid: &str, spec: &Value) -> io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         let path = self.path(uid);
-        // `.tmp`: the runtime loads only `.json` and `.yaml` files.
-        let tmp = self.dir.join(format!(".{}-{uid}.tmp", cro_api::DRA_DRIVER));
+        // `.tmp`: the runtime loads only `.json` and `.yaml` files. Numbered: two
+        // prepares of one claim at once (the kubelet retrying) must not share one.
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join(format!(".{}-{uid}.{n}.tmp", cro_api::DRA_DRIVER));
         std::fs::write(&tmp, serde_json::to_vec_pretty(spec)?)?;
         std::fs::rename(&tmp, &path)
     }

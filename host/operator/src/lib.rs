@@ -31,7 +31,8 @@
 //! What other crates (the `cro` CLI, the benchmarks, the node simulator, the integration
 //! tests) use; everything else is `pub(crate)`.
 //!
-//! - Running: [`run()`], [`Operator`], [`Readiness`], [`OperatorError`], [`Metrics`].
+//! - Running: [`run()`], [`Operator`], [`Readiness`], [`OperatorError`], [`Metrics`],
+//!   [`shutdown_signal`] (the CLI's kubelet plugin stops on the same signals).
 //! - Configuration: the [`config`] module ([`config::RunArgs`], [`config::OperatorConfig`],
 //!   [`config::ProviderSource`], [`config::Timings`], [`config::WebhookConfig`],
 //!   [`config::WebhookCerts`], [`config::CertPolicy`], [`config::SelfManagedCerts`],
@@ -81,6 +82,7 @@ pub use error::OperatorError;
 pub use metrics::Metrics;
 pub use process::leader::{self, LeaderElector};
 pub use process::run::{Operator, run};
+pub use process::signals::shutdown_signal;
 pub use provider::node_machine::{NodeMachine, RememberingCluster};
 pub use provider::{DeviceProvider, ProviderCallError, ProviderCounters, ProviderResult};
 pub use registry::spec::provider_spec;

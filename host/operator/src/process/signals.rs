@@ -13,7 +13,7 @@ pub(crate) fn signal() -> (futures::channel::oneshot::Sender<()>, Signal) {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "cannot listen for Ctrl-C");

@@ -875,28 +875,15 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
     );
     assert!(!bound_pods(&pods).await.contains(&"second".to_string()));
     delete_pod_and_wait(&env, WORKLOAD_NS, "first").await;
-    eventually(
+    wait_pod_running(
+        &pods,
+        "second",
         "the second Pod Running once the device is free",
-        CONVERGE,
-        || async {
-            let p = pods.get("second").await.ok()?;
-            (p.status?.phase.as_deref() == Some("Running")).then_some(())
-        },
     )
     .await;
     assert_eq!(env.gpus_on(&machine).len(), 1);
     delete_pod_and_wait(&env, WORKLOAD_NS, "second").await;
-    eventually("every claim gone", CONVERGE, || async {
-        claims
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    env.assert_nothing_attached().await;
+    all_claims_gone_and_nothing_attached(&env, &claims).await;
 
     // The fabric answers every attach that it has nothing free (another tenant took the
     // device between the pool's read and the attach): the claim gets
@@ -963,13 +950,10 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
         "nothing attached to the node"
     );
     env.sim.remove_fault(no_capacity);
-    eventually(
+    wait_pod_running(
+        &pods,
+        "unlucky",
         "the Pod Running once the fabric has a device",
-        CONVERGE,
-        || async {
-            let p = pods.get("unlucky").await.ok()?;
-            (p.status?.phase.as_deref() == Some("Running")).then_some(())
-        },
     )
     .await;
     assert_eq!(
@@ -977,17 +961,7 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
         env.gpus_on(&machine)[0]
     );
     delete_pod_and_wait(&env, WORKLOAD_NS, "unlucky").await;
-    eventually("every claim gone", CONVERGE, || async {
-        claims
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    env.assert_nothing_attached().await;
+    all_claims_gone_and_nothing_attached(&env, &claims).await;
     env.stop_operator().await.unwrap();
     assert!(registration.exists(), "the plugin registered");
     let _ = stop_plugin.send(());
@@ -1053,6 +1027,32 @@ pub(super) async fn printed_gpu(pods: &Api<Pod>, name: &str) -> String {
             .map(str::to_owned)
     })
     .await
+}
+
+async fn wait_pod_running(pods: &Api<Pod>, name: &str, what: &str) {
+    eventually(what, CONVERGE, || async {
+        let p = pods.get(name).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+}
+
+/// Every claim of the workload namespace gone, and no device left on any machine.
+async fn all_claims_gone_and_nothing_attached(
+    env: &Env,
+    claims: &Api<k8s_openapi::api::resource::v1::ResourceClaim>,
+) {
+    eventually("every claim gone", CONVERGE, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    env.assert_nothing_attached().await;
 }
 
 fn named(pod: &Pod, name: &str) -> Pod {
