@@ -269,7 +269,15 @@ async fn still_on_node(
     Ok(false)
 }
 
-/// The device is gone: drop the taint, clear the ids, go Deleting, release the finalizer.
+/// The device is gone: drop the taint and release the finalizer, so the object goes.
+///
+/// No `Deleting` status with the ids cleared first (a write per device, docs/
+/// BENCHMARKS.md, the write budget): it kept nothing from happening twice. A restart
+/// or a failed finalizer removal finds the resource still `Detaching` with its ids, as
+/// it would between the fabric's answer and that write, and goes through the detach
+/// again, which is safe: the fabric's remove of a device already removed says it is
+/// removed, and a device the fabric has since given to another resource is found by
+/// [`holder_elsewhere`] before anything is asked.
 async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeSteps) -> Outcome {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
@@ -277,15 +285,6 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
     if let Some(dra) = &ctx.dra {
         dra.untaint(&ctx.client, &name).await?;
     }
-    let res = patch::status(
-        &api,
-        &res,
-        &ResourceStatusPatch::ids("", "")
-            .with_state(ResourceState::Deleting)
-            .with_error(""),
-        true,
-    )
-    .await?;
     ctx.forget_rescan(&name);
     tracing::info!(node = %node, device = ?uuid, "detached");
     ctx.event(
@@ -304,7 +303,17 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
         },
     )
     .await;
-    patch::remove_finalizer(&api, &res).await?;
+    match patch::remove_finalizer(&api, &res).await {
+        // Changed since this reconciliation read it (an annotation, another
+        // controller's write): the removal is asked again on what is there now, rather
+        // than going through the whole detach again.
+        Err(e) if e.is_conflict() => {
+            if let Some(now) = api.get_opt(&name).await? {
+                patch::remove_finalizer(&api, &now).await?;
+            }
+        }
+        other => other?,
+    }
     Ok((Step::wait(), None))
 }
 
