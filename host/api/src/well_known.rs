@@ -16,6 +16,9 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// The DRA driver name of the fabric's free devices cro publishes as ResourceSlices
 /// (docs/dra.md); also the domain of their attributes.
 pub const DRA_DRIVER: &str = "cro.hpsys.ibm.ie.com";
+/// Label on a ComposableResource the binding controller made for a ResourceClaim: the
+/// claim's UID.
+pub const LABEL_CLAIM_UID: &str = "cro.hpsys.ibm.ie.com/claim-uid";
 /// The label naming the provider whose pool a ResourceSlice publishes.
 pub const LABEL_POOL_PROVIDER: &str = "cro.hpsys.ibm.ie.com/provider";
 /// The binding condition of a published device: set True on the claim once the device

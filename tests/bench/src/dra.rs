@@ -349,7 +349,7 @@ async fn look(
         .list(&ListParams::default())
         .await?;
     let resources = Api::<ComposableResource>::all(client.clone())
-        .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+        .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
         .await?;
     let now = since.elapsed();
     let mut running = BTreeSet::new();
@@ -363,9 +363,10 @@ async fn look(
         });
         let status = claim.and_then(|c| c.status.as_ref());
         let resource = claim.and_then(|c| {
-            resources.items.iter().find(|r| {
-                r.labels().get("cro.hpsys.ibm.ie.com/claim-uid") == c.metadata.uid.as_ref()
-            })
+            resources
+                .items
+                .iter()
+                .find(|r| r.labels().get(cro_api::LABEL_CLAIM_UID) == c.metadata.uid.as_ref())
         });
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
         let unsched = p
@@ -452,7 +453,7 @@ async fn wait_wave(
 /// The names of cro's resources held for claims.
 async fn claim_resources(client: &kube::Client) -> Result<BTreeSet<String>> {
     Ok(Api::<ComposableResource>::all(client.clone())
-        .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+        .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
         .await?
         .items
         .iter()
@@ -463,7 +464,7 @@ async fn claim_resources(client: &kube::Client) -> Result<BTreeSet<String>> {
 /// cro's resources held for the claims of `pods` (the waiting ones must hold none).
 async fn resources_of_pods(client: &kube::Client, pods: &[String]) -> Result<usize> {
     let resources = Api::<ComposableResource>::all(client.clone())
-        .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+        .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
         .await?;
     Ok(resources
         .items

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use cro_api::{
     CONDITION_FABRIC_DEVICE_FAILED, CONDITION_FABRIC_DEVICE_READY,
     CONDITION_FABRIC_DEVICE_RESCHEDULE, ComposableResource, ComposableResourceSpec, CroObjectExt,
-    DRA_DRIVER, FINALIZER, LABEL_MANAGED_BY, ResourceState, ResourceType,
+    DRA_DRIVER, FINALIZER, LABEL_CLAIM_UID, LABEL_MANAGED_BY, ResourceState, ResourceType,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::NodeSelector;
@@ -37,8 +37,6 @@ use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
 use crate::plumbing::reconcile;
 
-/// The label naming the claim (its UID) a ComposableResource attaches for.
-pub(crate) const LABEL_CLAIM_UID: &str = "cro.hpsys.ibm.ie.com/claim-uid";
 /// `<namespace>/<name>` of that claim, for people.
 pub(crate) const ANNOTATION_CLAIM: &str = "cro.hpsys.ibm.ie.com/claim";
 /// `<pool>/<device>` of the allocation the resource serves.
@@ -55,30 +53,25 @@ pub(crate) async fn run(ctx: &Context, shutdown: impl std::future::Future<Output
         return;
     }
     let period = ctx.config.timings.poll_interval;
-    let wake = Arc::new(Notify::new());
-    // The watches only wake the loop: a round still lists what it acts on, so a missed
-    // or failed watch costs at most one period.
-    let watches = tokio::spawn(wake_on_changes(ctx.client.clone(), wake.clone()));
+    // Woken by the resource cache on a change of a claim's resource (Online: the
+    // condition to set; failed: the claim to fail), and by a watch of the claims (an
+    // allocation to act on). They only wake it: a round still lists what it acts on,
+    // so a missed or failed watch costs at most one period.
+    let wake = ctx.caches.claim_resource_changes();
+    let claims = tokio::spawn(wake_on_claims(ctx.client.clone(), wake.clone()));
     reconcile::every_or_woken(ctx, "binding", period, &wake, shutdown, || bind(ctx)).await;
-    watches.abort();
+    claims.abort();
 }
 
-/// Notifies `wake` on every change of a ResourceClaim (an allocation to act on) or of a
-/// resource made for a claim (Online: the condition to set; failed: the claim to fail).
-async fn wake_on_changes(client: kube::Client, wake: Arc<Notify>) {
-    let claims = watcher(
-        Api::<ResourceClaim>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .map(|_| ());
-    let resources = watcher(
-        Api::<ComposableResource>::all(client),
-        watcher::Config::default().labels(LABEL_CLAIM_UID),
-    )
-    .default_backoff()
-    .map(|_| ());
-    let mut changes = std::pin::pin!(futures::stream::select(claims, resources));
+/// Notifies `wake` on every change of a ResourceClaim.
+async fn wake_on_claims(client: kube::Client, wake: Arc<Notify>) {
+    let mut changes = std::pin::pin!(
+        watcher(
+            Api::<ResourceClaim>::all(client),
+            watcher::Config::default()
+        )
+        .default_backoff()
+    );
     while changes.next().await.is_some() {
         wake.notify_one();
     }

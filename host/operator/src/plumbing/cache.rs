@@ -162,6 +162,9 @@ pub(crate) struct Caches {
     /// The newest ComposableResource version a controller's trigger has seen.
     triggered: AtomicU64,
     index: Arc<Mutex<ResourceIndex>>,
+    /// Notified when a resource made for a ResourceClaim changes (the binding
+    /// controller's next round: Online means a condition to set).
+    claim_resources_changed: Arc<tokio::sync::Notify>,
     writers: Mutex<Option<Writers>>,
 }
 
@@ -180,6 +183,7 @@ impl Default for Caches {
             ids_written: AtomicU64::new(0),
             triggered: AtomicU64::new(0),
             index: Arc::default(),
+            claim_resources_changed: Arc::default(),
             writers: Mutex::new(Some(Writers {
                 resources: rw,
                 requests: qw,
@@ -266,7 +270,13 @@ impl Caches {
         };
         let seen = self.resources_seen.clone();
         let index = self.index.clone();
+        let claim_resources_changed = self.claim_resources_changed.clone();
         let indexed = move |e: &watcher::Event<ComposableResource>| {
+            if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = e
+                && o.labels().contains_key(cro_api::LABEL_CLAIM_UID)
+            {
+                claim_resources_changed.notify_one();
+            }
             index
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -292,6 +302,12 @@ impl Caches {
 
     fn ready<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> bool {
         matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+    }
+
+    /// Notified on every change of a resource made for a ResourceClaim (one permit kept:
+    /// changes while nobody waits wake the next wait once).
+    pub(crate) fn claim_resource_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.claim_resources_changed.clone()
     }
 
     /// The cached ComposableResources (None until the cache has listed them once).

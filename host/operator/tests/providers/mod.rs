@@ -1058,7 +1058,7 @@ async fn an_allocated_claim_gets_its_device_attached_and_ready() {
     let two = machine_of(&env, "pool-a-2");
     eventually("nothing left of the failed attach", CONVERGE, || async {
         let left = resources
-            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
             .await
             .ok()?
             .items;
@@ -1142,7 +1142,7 @@ async fn bad_allocations_fail_cleanly_and_hand_edits_are_undone() {
     let (one, two) = (machine_of(&env, "pool-a-1"), machine_of(&env, "pool-a-2"));
     eventually("nothing attached for any of them", CONVERGE, || async {
         let left = resources
-            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
             .await
             .ok()?
             .items;

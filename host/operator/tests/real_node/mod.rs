@@ -736,7 +736,7 @@ async fn real_node_a_pods_claim_composes_a_gpu_through_the_scheduler() {
             .pop();
         let status = claim.as_ref().and_then(|c| c.status.clone());
         let r = resources
-            .list(&ListParams::default().labels("cro.hpsys.ibm.ie.com/claim-uid"))
+            .list(&ListParams::default().labels(cro_api::LABEL_CLAIM_UID))
             .await
             .unwrap()
             .items
