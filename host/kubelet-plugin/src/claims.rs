@@ -3,7 +3,7 @@
 //! binding controller's `FabricDeviceReady` and the ids it wrote beside it), and the CDI
 //! spec that hands the containers their GPUs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cro_api::{CONDITION_FABRIC_DEVICE_READY, DRA_DRIVER};
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
@@ -97,18 +97,20 @@ pub(crate) fn plan(claim: &ResourceClaim, uid: &str, node: &str) -> Result<Plan,
             cdi_id: None,
         });
     }
-    let requests: Vec<&str> = gpus.keys().copied().collect();
-    let name_of = |request: &str| {
-        let i = requests.iter().position(|r| *r == request).unwrap_or(0);
-        format!("{uid}-{i}")
-    };
+    // One CDI device per request with GPUs, numbered in the map's order.
+    let names: BTreeMap<&str, String> = gpus
+        .keys()
+        .enumerate()
+        .map(|(i, request)| (*request, format!("{uid}-{i}")))
+        .collect();
     // Only the first device of a request names the CDI device: the kubelet hands a
     // container the CDI ids of every device of the requests it uses.
-    let mut named = Vec::new();
+    let mut named = BTreeSet::new();
     for d in &mut devices {
-        if gpus.contains_key(d.request.as_str()) && !named.contains(&d.request) {
-            d.cdi_id = Some(format!("{CDI_KIND}={}", name_of(&d.request)));
-            named.push(d.request.clone());
+        if let Some(name) = names.get(d.request.as_str())
+            && named.insert(d.request.clone())
+        {
+            d.cdi_id = Some(format!("{CDI_KIND}={name}"));
         }
     }
     let spec = (!gpus.is_empty()).then(|| {
@@ -116,7 +118,8 @@ pub(crate) fn plan(claim: &ResourceClaim, uid: &str, node: &str) -> Result<Plan,
             .iter()
             .map(|(request, uuids)| {
                 json!({
-                    "name": name_of(request),
+                    // `names` holds every key of `gpus`.
+                    "name": names[request],
                     "containerEdits": {"env": [format!("{GPU_ENV}={}", uuids.join(","))]},
                 })
             })
