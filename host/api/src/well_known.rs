@@ -20,7 +20,15 @@ pub const DRA_DRIVER: &str = "cro.hpsys.ibm.ie.com";
 /// claim's UID.
 pub const LABEL_CLAIM_UID: &str = "cro.hpsys.ibm.ie.com/claim-uid";
 /// The label naming the provider whose pool a ResourceSlice publishes.
-pub const LABEL_POOL_PROVIDER: &str = "cro.hpsys.ibm.ie.com/provider";
+pub const LABEL_POOL_PROVIDER: &str = LABEL_PROVIDER;
+/// Label on every Lease of the replicas' sharing of providers (a Lease per provider and
+/// one per replica): the name of the deployment's leader Lease.
+pub const LABEL_LEASES_OF: &str = "cro.hpsys.ibm.ie.com/leases-of";
+/// The label naming the provider (`CdiProvider`, or `default`) that serves a
+/// ComposableResource's node, set when the resource is made: the replica holding that
+/// provider's Lease is the one that reconciles it (docs/ARCHITECTURE.md, "Replicas").
+/// The same key names a ResourceSlice's provider.
+pub const LABEL_PROVIDER: &str = "cro.hpsys.ibm.ie.com/provider";
 /// The binding condition of a published device: set True on the claim once the device
 /// is attached to the chosen node and visible there (the name CoHDI's driver uses).
 pub const CONDITION_FABRIC_DEVICE_READY: &str = "FabricDeviceReady";

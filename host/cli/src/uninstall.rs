@@ -141,6 +141,7 @@ pub async fn before_uninstall(
             return Ok(Outcome::TimedOut);
         }
         settle_lease(&client, &args.namespace, &args.lease, out).await?;
+        delete_shard_leases(&client, &args.namespace, &args.lease, out).await?;
         // Only once no replica is left to publish them again.
         withdraw_slices(&client, out).await?;
     }
@@ -391,6 +392,38 @@ async fn settle_lease(
                 "the leader Lease {name} still named {holder}, whose pod is gone: deleted"
             );
         }
+    }
+    Ok(())
+}
+
+/// The Leases the replicas shared the providers with (one per provider and per
+/// replica): with no replica left they only hold up the next install's replicas, which
+/// would wait for a killed holder's to expire.
+async fn delete_shard_leases(
+    client: &kube::Client,
+    namespace: &str,
+    leader: &str,
+    out: &mut dyn Write,
+) -> Result<(), UninstallError> {
+    let api = Api::<Lease>::namespaced(client.clone(), namespace);
+    let selector = format!(
+        "{}={}",
+        cro_api::LABEL_LEASES_OF,
+        cro_operator::leases_of(leader)
+    );
+    let leases = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| UninstallError::api("list the replicas' Leases", e))?;
+    for lease in &leases.items {
+        delete_if_present(&api, &lease.name_any()).await?;
+    }
+    if !leases.items.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} Leases of the replicas' providers deleted",
+            leases.items.len()
+        );
     }
     Ok(())
 }

@@ -48,6 +48,8 @@
 //!   [`nodeops::ExposureMode`], [`nodeops::running_and_ready`]).
 //! - Leader election: [`LeaderElector`], [`LeaderElectionConfig`](config::LeaderElectionConfig),
 //!   [`leader`] ([`leader::acquire`], [`leader::Leadership`], [`leader::Waiting`]).
+//!   [`leases_of`]: the label value naming a deployment's provider and member Leases
+//!   (`cro before-uninstall` deletes them).
 //! - Names tests look for: [`VALIDATE_PATH`], [`VALIDATE_PROVIDER_PATH`],
 //!   [`INSUFFICIENT_NODES`], [`REQUEST_CONTROLLER`], [`ANNOTATION_ATTACH_ATTEMPT`].
 //!
@@ -57,7 +59,7 @@
 //! (get, patch); `nvidia.com` ClusterPolicies (list); `resource.k8s.io` ResourceSlices
 //! (list; with `--pool-devices` also create, update, delete), ResourceClaims (with
 //! `--pool-devices`: list, and `status` patch) and DeviceTaintRules (create, delete); `events.k8s.io` Events (create, patch);
-//! Leases in its namespace (get, create, update); the provider's granted Secret (get) and
+//! Leases in its namespace (get, list, create, update); the provider's granted Secret (get) and
 //! lookup kinds (get, list).
 
 pub mod config;
@@ -82,6 +84,7 @@ pub use error::OperatorError;
 pub use metrics::Metrics;
 pub use process::leader::{self, LeaderElector};
 pub use process::run::{Operator, run};
+pub use process::shards::leases_of;
 pub use process::signals::shutdown_signal;
 pub use provider::node_machine::{NodeMachine, RememberingCluster};
 pub use provider::{DeviceProvider, ProviderCallError, ProviderCounters, ProviderResult};

@@ -14,6 +14,13 @@
 //! Secret read and lookup a call made, allowed or not, and of every call's end with what
 //! it cost: `cro provider call` prints it as a trace and `cro provider test` checks it
 //! against what the provider declared. Without one nothing is built or recorded.
+//!
+//! A [`Fence`] (optional, given at load) is asked right before every outgoing HTTP
+//! request of the provider (and every redirect hop), after the grants allowed it: the
+//! embedder's say on whether this process may act for the provider *now* (the operator:
+//! whether its Lease of the provider is still held). A refusal is not a denial: the
+//! grants allowed the request, the host chose not to send it, so it is not counted as
+//! one; the guest gets a connection failure (`not sent: <reason>`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,6 +31,16 @@ use crate::budget::{Admit, MinuteWindow};
 
 /// Denial lines logged per provider per minute; further denials are only counted.
 const DENIAL_LINES_PER_MINUTE: u64 = 120;
+
+/// Fence refusal lines logged per provider per minute. A window of their own, so a
+/// provider flooding denials cannot hide that its process lost the right to act.
+const FENCE_LINES_PER_MINUTE: u64 = 120;
+
+/// The embedder's check that this process may still act for the provider: `Ok` to send
+/// the request, `Err(reason)` to refuse it (the reason goes to the guest and the log).
+/// Asked on the call's task right before each HTTP request (and from the HTTP client's
+/// redirect policy): keep it quick, never block and never panic.
+pub type Fence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// One decision a host import asks the gate for (an HTTP request to a URL, a key of
 /// the Secret, ...). Each capability module implements it for what its imports do: the
@@ -183,10 +200,12 @@ pub trait CapabilityObserver: Send + Sync + 'static {
 pub struct Gate {
     provider: String,
     observer: Option<Arc<dyn CapabilityObserver>>,
+    fence: Option<Fence>,
     http: AtomicU64,
     secret: AtomicU64,
     lookup: AtomicU64,
     lines: Mutex<MinuteWindow>,
+    fence_lines: Mutex<MinuteWindow>,
 }
 
 impl Gate {
@@ -194,11 +213,17 @@ impl Gate {
         Gate {
             provider: provider.into(),
             observer: None,
+            fence: None,
             http: AtomicU64::new(0),
             secret: AtomicU64::new(0),
             lookup: AtomicU64::new(0),
             lines: Mutex::new(MinuteWindow::new(
                 DENIAL_LINES_PER_MINUTE,
+                u64::MAX,
+                Instant::now(),
+            )),
+            fence_lines: Mutex::new(MinuteWindow::new(
+                FENCE_LINES_PER_MINUTE,
                 u64::MAX,
                 Instant::now(),
             )),
@@ -209,6 +234,53 @@ impl Gate {
     pub fn with_observer(mut self, observer: Arc<dyn CapabilityObserver>) -> Gate {
         self.observer = Some(observer);
         self
+    }
+
+    /// Asks `fence` before every outgoing HTTP request from now on (see [`Fence`]).
+    pub fn with_fence(mut self, fence: Fence) -> Gate {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Whether the fence, if any, lets the provider act now: asked by the `http`
+    /// capability after the grants allowed a request, right before it is handed to the
+    /// client. A refusal is logged (rate-limited) but not counted as a denial: nothing
+    /// the provider was granted is missing.
+    pub(crate) fn fence_allows(&self) -> Result<(), String> {
+        let Some(fence) = &self.fence else {
+            return Ok(());
+        };
+        let reason = match fence() {
+            Ok(()) => return Ok(()),
+            Err(reason) => reason,
+        };
+        let admit = self
+            .fence_lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(0, Instant::now());
+        match admit {
+            Admit::Yes { dropped_before: 0 } => {
+                tracing::warn!(provider = %self.provider, reason = %reason, "provider request not sent: fenced");
+            }
+            Admit::Yes { dropped_before } => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    reason = %reason,
+                    unlogged_refusals = dropped_before,
+                    "provider request not sent: fenced"
+                );
+            }
+            Admit::No { first: true } => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    "more than {FENCE_LINES_PER_MINUTE} fenced requests this minute: \
+                     further ones are not logged until the minute is over"
+                );
+            }
+            Admit::No { first: false } => {}
+        }
+        Err(reason)
     }
 
     /// Starts timing a capability use when someone observes; `None` costs nothing more.
@@ -335,6 +407,7 @@ impl std::fmt::Debug for Gate {
         f.debug_struct("Gate")
             .field("provider", &self.provider)
             .field("observed", &self.observer.is_some())
+            .field("fenced", &self.fence.is_some())
             .field("denials", &self.denials())
             .finish_non_exhaustive()
     }
@@ -430,6 +503,37 @@ mod tests {
         assert_eq!(uses[0].target, "password");
         assert!(uses[0].denied());
         assert_eq!(seen.1.lock().unwrap()[0].peak_memory_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn a_fence_refuses_without_counting_a_denial_and_is_asked_every_time() {
+        assert_eq!(gate().fence_allows(), Ok(()));
+
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let asked = Arc::new(AtomicU64::new(0));
+        let fence: Fence = {
+            let (open, asked) = (open.clone(), asked.clone());
+            Arc::new(move || {
+                asked.fetch_add(1, Ordering::SeqCst);
+                if open.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("lease expired".into())
+                }
+            })
+        };
+        let fenced = gate().with_fence(fence);
+        assert_eq!(fenced.fence_allows(), Ok(()));
+        open.store(false, Ordering::SeqCst);
+        assert_eq!(fenced.fence_allows(), Err("lease expired".into()));
+        // Past the log window's lines: still refused every time, only not logged.
+        for _ in 0..FENCE_LINES_PER_MINUTE + 5 {
+            assert!(fenced.fence_allows().is_err());
+        }
+        open.store(true, Ordering::SeqCst);
+        assert_eq!(fenced.fence_allows(), Ok(()));
+        assert_eq!(asked.load(Ordering::SeqCst), FENCE_LINES_PER_MINUTE + 8);
+        assert_eq!(fenced.denials(), DenialCounts::default());
     }
 
     /// A guest's 8 MB key name full of terminal escapes reaches an observer bounded

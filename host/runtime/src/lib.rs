@@ -7,7 +7,10 @@
 //! whose async methods run the four operations. A provider reaches the outside world only
 //! through its host imports, and every import asks the provider's [`gate::Gate`] first,
 //! which decides with the capability's own check of the administrator's [`grants`]
-//! (deny by default).
+//! (deny by default). An embedder may also give a [`Fence`] at load
+//! ([`LoadOptions::with_fence`]): asked through the same gate right before every outgoing
+//! HTTP request, it stops a process that may no longer act for the provider (its Lease
+//! expired) from making a further fabric call.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -114,10 +117,10 @@ pub use domain::{
 };
 pub use engine::{EngineError, RuntimeOptions};
 pub use gate::{
-    CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, HttpExchange, UseOutcome,
+    CallStats, CapabilityKind, CapabilityObserver, CapabilityUse, Fence, HttpExchange, UseOutcome,
 };
 pub use grants::{GrantError, Limits, ProviderSpec};
 pub use inspect::{ComponentInfo, InspectError, inspect};
 pub use provider::{CallError, Provider};
 pub use report::CapabilityReport;
-pub use runtime::{LoadError, Runtime};
+pub use runtime::{LoadError, LoadOptions, Runtime};

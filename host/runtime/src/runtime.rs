@@ -20,7 +20,7 @@ use crate::cluster::ClusterReader;
 use crate::compile::{self, Bounds, CompileError, Shape};
 use crate::domain::ProviderInfo;
 use crate::engine::{EngineError, EngineShared, RuntimeOptions};
-use crate::gate::{CapabilityObserver, Gate};
+use crate::gate::{CapabilityObserver, Fence, Gate};
 use crate::grants::{GrantError, ProviderSpec};
 use crate::inspect::{self, ComponentInfo, InspectError, SUPPORTED_VERSIONS};
 use crate::provider::{Provider, ProviderInner};
@@ -89,6 +89,39 @@ pub enum LoadError {
 impl From<EngineError> for LoadError {
     fn from(e: EngineError) -> LoadError {
         LoadError::Engine(e.0)
+    }
+}
+
+/// What an embedder may attach to one provider when loading it, beyond its spec
+/// ([`Runtime::load_with`], [`Runtime::load_bytes_with`]). Empty by default.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    observer: Option<Arc<dyn CapabilityObserver>>,
+    fence: Option<Fence>,
+}
+
+impl LoadOptions {
+    /// Tells `observer` of every capability the provider's calls use and of every
+    /// call's cost (see [`CapabilityObserver`]).
+    pub fn with_observer(mut self, observer: Arc<dyn CapabilityObserver>) -> LoadOptions {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Asks `fence` right before every outgoing HTTP request of the provider's calls;
+    /// a refusal keeps the request from being sent (see [`Fence`]).
+    pub fn with_fence(mut self, fence: Fence) -> LoadOptions {
+        self.fence = Some(fence);
+        self
+    }
+}
+
+impl fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("observed", &self.observer.is_some())
+            .field("fenced", &self.fence.is_some())
+            .finish()
     }
 }
 
@@ -164,13 +197,23 @@ impl Runtime {
         spec: &ProviderSpec,
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
+        self.load_with(spec, cluster, LoadOptions::default()).await
+    }
+
+    /// Like [`Runtime::load`], with `options` attached to the provider.
+    pub async fn load_with(
+        &self,
+        spec: &ProviderSpec,
+        cluster: Arc<dyn ClusterReader>,
+        options: LoadOptions,
+    ) -> Result<Provider, LoadError> {
         let bytes = tokio::fs::read(&spec.component)
             .await
             .map_err(|source| LoadError::Read {
                 path: spec.component.clone(),
                 source,
             })?;
-        self.load_bytes(spec, bytes, cluster).await
+        self.load_bytes_with(spec, bytes, cluster, options).await
     }
 
     /// Like [`Runtime::load`] with the component's bytes given (`spec.component` unused).
@@ -180,7 +223,19 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
     ) -> Result<Provider, LoadError> {
-        self.load_logged(spec, bytes, cluster, true, None).await
+        self.load_bytes_with(spec, bytes, cluster, LoadOptions::default())
+            .await
+    }
+
+    /// Like [`Runtime::load_bytes`], with `options` attached to the provider.
+    pub async fn load_bytes_with(
+        &self,
+        spec: &ProviderSpec,
+        bytes: Vec<u8>,
+        cluster: Arc<dyn ClusterReader>,
+        options: LoadOptions,
+    ) -> Result<Provider, LoadError> {
+        self.load_logged(spec, bytes, cluster, true, options).await
     }
 
     /// Like [`Runtime::load_bytes`], telling `observer` of every capability the
@@ -193,8 +248,8 @@ impl Runtime {
         cluster: Arc<dyn ClusterReader>,
         observer: Arc<dyn CapabilityObserver>,
     ) -> Result<Provider, LoadError> {
-        self.load_logged(spec, bytes, cluster, true, Some(observer))
-            .await
+        let options = LoadOptions::default().with_observer(observer);
+        self.load_bytes_with(spec, bytes, cluster, options).await
     }
 
     /// Loads; `log` says whether the load and its capability report are logged (not
@@ -205,7 +260,7 @@ impl Runtime {
         bytes: Vec<u8>,
         cluster: Arc<dyn ClusterReader>,
         log: bool,
-        observer: Option<Arc<dyn CapabilityObserver>>,
+        options: LoadOptions,
     ) -> Result<Provider, LoadError> {
         spec.validate()?;
         let engine = &self.inner.shared;
@@ -246,11 +301,12 @@ impl Runtime {
             })?;
         let pre =
             ProviderPre::new(version, pre).map_err(|e| LoadError::Incompatible(error_chain(&e)))?;
-        let caps = self.capabilities(spec, cluster.clone(), observer)?;
+        let caps = self.capabilities(spec, cluster.clone(), options)?;
         // `describe` runs with nothing granted and no configuration: what a provider
-        // is must not depend on what it was given.
+        // is must not depend on what it was given. Nor is it fenced: with no HTTP grant
+        // it cannot send anything.
         let bare = ProviderSpec::new(spec.name.clone(), spec.component.clone());
-        let bare_caps = self.capabilities(&bare, cluster, None)?;
+        let bare_caps = self.capabilities(&bare, cluster, LoadOptions::default())?;
         let provider = Provider::new(ProviderInner::new(
             engine.clone(),
             spec.clone(),
@@ -274,7 +330,9 @@ impl Runtime {
     pub async fn describe_bytes(&self, bytes: Vec<u8>) -> Result<Option<ProviderInfo>, LoadError> {
         let spec = ProviderSpec::new("inspect", "component.wasm");
         let cluster = Arc::new(crate::cluster::StaticCluster::new());
-        let provider = self.load_logged(&spec, bytes, cluster, false, None).await?;
+        let provider = self
+            .load_logged(&spec, bytes, cluster, false, LoadOptions::default())
+            .await?;
         Ok(provider.info().cloned())
     }
 
@@ -283,12 +341,15 @@ impl Runtime {
         &self,
         spec: &ProviderSpec,
         cluster: Arc<dyn ClusterReader>,
-        observer: Option<Arc<dyn CapabilityObserver>>,
+        options: LoadOptions,
     ) -> Result<ProviderCaps, LoadError> {
         let limits = &spec.limits;
         let mut gate = Gate::new(spec.name.clone());
-        if let Some(observer) = observer {
+        if let Some(observer) = options.observer {
             gate = gate.with_observer(observer);
+        }
+        if let Some(fence) = options.fence {
+            gate = gate.with_fence(fence);
         }
         let gate = Arc::new(gate);
         let budgets = Arc::new(BudgetCounters::default());

@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,7 +15,9 @@ use axum::routing::{any, get, post};
 use common::*;
 use cro_runtime::AddRequest;
 use cro_runtime::grants::HttpGrant;
-use cro_runtime::{AddOutcome, AttachedDevice, CallError, ProviderError, ProviderSpec};
+use cro_runtime::{
+    AddOutcome, AttachedDevice, CallError, Fence, LoadOptions, ProviderError, ProviderSpec,
+};
 
 /// The fabric the provider is granted.
 async fn fabric() -> std::net::SocketAddr {
@@ -464,4 +466,161 @@ async fn requests_and_bytes_sent_per_call_are_budgeted() {
     // Two bodies fit in 20 MB; the third is refused before a byte of it is sent.
     assert_eq!(hits.load(Ordering::SeqCst), 2);
     assert_eq!(bytes.load(Ordering::SeqCst), 16_000_000);
+}
+
+/// A fence the test opens and closes, counting how often it is asked.
+struct Switch {
+    open: Arc<AtomicBool>,
+    asked: Arc<AtomicUsize>,
+}
+
+impl Switch {
+    fn new(open: bool) -> Switch {
+        Switch {
+            open: Arc::new(AtomicBool::new(open)),
+            asked: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        let (open, asked) = (self.open.clone(), self.asked.clone());
+        Arc::new(move || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            if open.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("lease of testkit expired".into())
+            }
+        })
+    }
+}
+
+async fn load_fenced(spec: &ProviderSpec, fence: Fence) -> cro_runtime::Provider {
+    runtime()
+        .load_with(
+            spec,
+            Arc::new(cro_runtime::cluster::StaticCluster::new()),
+            LoadOptions::default().with_fence(fence),
+        )
+        .await
+        .unwrap()
+}
+
+/// What the guest gets for a fenced request: a connection failure naming the reason
+/// (the testkit maps `connect` to `unavailable`), never `denied`.
+fn fenced(reason: &str) -> CallError {
+    CallError::Provider(ProviderError::Unavailable(format!(
+        "connect: not sent: {reason}"
+    )))
+}
+
+/// A replica whose Lease expired makes no further fabric call: a closed fence keeps the
+/// request off the wire (the server counts nothing), is not counted as a denial, and
+/// opening or closing it again takes effect on the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_fence_keeps_requests_off_the_wire() {
+    let (addr, hits, _) = sink().await;
+    let switch = Switch::new(false);
+    let spec = http_spec(
+        &format!("http://{addr}/attach"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    let provider = load_fenced(&spec, switch.fence()).await;
+    let a = AddRequest::new(gpu("a"));
+
+    assert_eq!(
+        provider.add(&a).await.unwrap_err(),
+        fenced("lease of testkit expired")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(provider.denials().total(), 0);
+
+    switch.open.store(true, Ordering::SeqCst);
+    assert_eq!(provider.add(&a).await.unwrap(), reply("200 ok"));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    switch.open.store(false, Ordering::SeqCst);
+    assert_eq!(
+        provider.add(&a).await.unwrap_err(),
+        fenced("lease of testkit expired")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(switch.asked.load(Ordering::SeqCst), 3);
+
+    // The grants come first: an ungranted request is denied as always, and the fence
+    // is not even asked.
+    let (evil, evil_hits) = elsewhere().await;
+    let ungranted = http_spec(
+        &format!("http://{evil}/x"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    let before = switch.asked.load(Ordering::SeqCst);
+    let provider = load_fenced(&ungranted, switch.fence()).await;
+    let err = provider.add(&a).await.unwrap_err();
+    assert!(err.denied().is_some(), "{err:?}");
+    assert_eq!(provider.denials().http, 1);
+    assert_eq!(switch.asked.load(Ordering::SeqCst), before);
+    assert_eq!(evil_hits.load(Ordering::SeqCst), 0);
+}
+
+/// The fence is asked per request, not per call: closed while a call is under way (the
+/// Lease expired mid-call), it stops that call's very next request, redirect hops
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_closed_mid_call_stops_the_next_request() {
+    let switch = Switch::new(true);
+    let hits = Arc::new(AtomicUsize::new(0));
+    // Each request that arrives closes the fence before it is answered.
+    let router = Router::new()
+        .route(
+            "/first",
+            get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/second")]) }),
+        )
+        .fallback(any(|State(hits): State<Arc<AtomicUsize>>| async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            "ok"
+        }))
+        .layer(axum::middleware::from_fn_with_state(
+            switch.open.clone(),
+            |State(open): State<Arc<AtomicBool>>,
+             request: axum::extract::Request,
+             next: axum::middleware::Next| async move {
+                open.store(false, Ordering::SeqCst);
+                next.run(request).await
+            },
+        ))
+        .with_state(hits.clone());
+    let addr = serve(router).await;
+    let grant = format!("http://{addr}");
+
+    // A provider sending five requests in one call: only the first reaches the fabric.
+    let mut looping = http_spec(&format!("http://{addr}/loop"), Some(&grant), &[]);
+    looping.config.insert("mode".into(), "http-loop".into());
+    looping.config.insert("count".into(), "5".into());
+    let provider = load_fenced(&looping, switch.fence()).await;
+    provider.add(&AddRequest::new(gpu("a"))).await.unwrap();
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(switch.asked.load(Ordering::SeqCst), 5);
+    assert_eq!(provider.denials().total(), 0);
+
+    // A redirect hop is a new request: the first reply closed the fence, so the hop to
+    // `/second` is never sent.
+    switch.open.store(true, Ordering::SeqCst);
+    let provider = load_fenced(
+        &http_spec(&format!("http://{addr}/first"), Some(&grant), &[]),
+        switch.fence(),
+    )
+    .await;
+    let err = provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err();
+    let CallError::Provider(ProviderError::Unavailable(message)) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        message.starts_with("connect: not sent: lease of testkit expired (redirect from"),
+        "{message}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(provider.denials().total(), 0);
 }

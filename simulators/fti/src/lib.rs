@@ -8,7 +8,9 @@
 //! holds machines, the devices attached to them and a free pool per (type, model);
 //! attach takes a device from the pool and detach returns it. CM changes show
 //! `ADD_IN_PROGRESS` / `REMOVE_IN_PROGRESS` until [`SimConfig::cm_delay`] has passed.
-//! Every request is recorded, and faults can be injected per test.
+//! Every request is recorded, and faults can be injected per test. A test running
+//! several client processes can have each call recorded with the process it came from
+//! ([`FabricSim::record_callers`], [`callers::PidResolver`], [`FabricSim::calls`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -74,6 +76,7 @@
 //! detached device goes back to the end of its pool, keeping ids and op status.
 
 mod api;
+pub mod callers;
 mod config;
 mod faults;
 pub mod jwt;
@@ -85,12 +88,14 @@ mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::CertificateDer;
 use sim_kit::{Controls, Server, SimControl, tls};
 
 pub use api::codes;
+pub use callers::{CallRecord, CallerResolver, PidResolver};
 pub use config::{Clock, Credentials, SimConfig, system_clock};
 pub use faults::{Fault, Injection};
 pub use record::{RecordedRequest, Route};
@@ -130,6 +135,9 @@ struct Inner {
     ca_der: CertificateDer<'static>,
     // Dropped with the last handle, which stops the server as well.
     server: Server,
+    /// [`FabricSim::calls`] shows the requests after this one
+    /// ([`FabricSim::clear_calls`]).
+    calls_after: AtomicU64,
 }
 
 /// Handle to a running simulator. Cheap to clone; the server stops on
@@ -176,6 +184,7 @@ impl FabricSim {
                 ca_pem: tls.ca_pem,
                 ca_der: tls.ca_der,
                 server,
+                calls_after: AtomicU64::new(0),
             }),
         })
     }
@@ -483,6 +492,47 @@ impl FabricSim {
 
     pub fn clear_requests(&self) {
         self.controls().clear_requests();
+    }
+
+    // ---- callers ----
+
+    /// Names the caller of every connection accepted from now on with `resolver`
+    /// (e.g. [`PidResolver::resolver`]: which of a test's processes owns the client's
+    /// socket); [`FabricSim::calls`] shows the names. Asked once per connection, as it
+    /// is accepted; connections open before keep no name.
+    pub fn record_callers(&self, resolver: CallerResolver) {
+        self.controls().set_caller_resolver(Some(resolver));
+    }
+
+    /// New connections get no caller name any more.
+    pub fn stop_recording_callers(&self) {
+        self.controls().set_caller_resolver(None);
+    }
+
+    /// Every request received since start or the last [`FabricSim::clear_calls`], with
+    /// its arrival time on the system clock, its client's address and the caller the
+    /// resolver named ([`FabricSim::record_callers`]; None without one). A view of the
+    /// request log ([`FabricSim::requests`]), so [`FabricSim::clear_requests`] clears
+    /// it too.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        let after = self.inner.calls_after.load(Ordering::Relaxed);
+        self.controls().map_requests_since(after, |r| CallRecord {
+            seq: r.seq,
+            at: r.wall,
+            method: r.method.clone(),
+            path: r.path.clone(),
+            route: r.route,
+            peer: r.peer,
+            caller: r.caller.clone(),
+        })
+    }
+
+    /// Starts [`FabricSim::calls`] afresh. The request log itself is kept: the node
+    /// simulation reads it ([`FabricSim::any_request_since`]).
+    pub fn clear_calls(&self) {
+        // The requests numbered so far are hidden; numbers only grow, so newer ones show.
+        let last = self.controls().last_seq();
+        self.inner.calls_after.fetch_max(last, Ordering::Relaxed);
     }
 }
 

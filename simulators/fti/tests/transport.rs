@@ -1,5 +1,5 @@
-//! HTTPS with the simulator's CA, plain HTTP, request recording, sharing the handle
-//! across tasks, shutdown, and the `fabric-sim` binary.
+//! HTTPS with the simulator's CA, plain HTTP, request recording (with the callers),
+//! sharing the handle across tasks, shutdown, and the `fabric-sim` binary.
 
 mod common;
 
@@ -147,6 +147,134 @@ async fn requests_are_recorded_in_order_and_can_be_cleared() {
     api.fm_get(M1).await;
     assert_eq!(sim.requests().len(), 1);
     assert!(sim.token_requests().is_empty());
+}
+
+/// One request on an open connection, kept open (HTTP/1.1 keep-alive); the status.
+fn request_on(conn: &mut std::net::TcpStream, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        conn.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a sized reply");
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body).unwrap();
+    head.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn calls_are_recorded_with_their_caller() {
+    use fabric_sim::PidResolver;
+    use std::net::TcpStream;
+    use std::time::SystemTime;
+
+    let sim = start(SimConfig::default());
+    let path = format!("/fabric_manager/api/v1/machines/{M1}");
+    // A connection accepted before callers are recorded keeps no caller.
+    let mut early = TcpStream::connect(sim.http_addr()).unwrap();
+    assert_eq!(request_on(&mut early, &path), 401);
+
+    let resolver = PidResolver::new();
+    resolver.insert(std::process::id(), "test-process");
+    sim.record_callers(resolver.resolver());
+    let before = SystemTime::now();
+    let mut conn = TcpStream::connect(sim.http_addr()).unwrap();
+    assert_eq!(request_on(&mut conn, &path), 401);
+    assert_eq!(request_on(&mut conn, "/elsewhere"), 401);
+    assert_eq!(request_on(&mut early, &path), 401);
+    let after = SystemTime::now();
+
+    let calls = sim.calls();
+    assert_eq!(calls.len(), 4);
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| c.caller.as_deref())
+            .collect::<Vec<_>>(),
+        [None, Some("test-process"), Some("test-process"), None]
+    );
+    assert!(calls.iter().all(|c| c.method == "GET"));
+    assert_eq!(calls[1].route, Some(Route::FmGetMachine));
+    assert_eq!(calls[1].path, path);
+    assert_eq!(calls[2].route, None);
+    assert_eq!(calls[1].peer, conn.local_addr().unwrap());
+    assert_eq!(calls[0].peer, early.local_addr().unwrap());
+    assert!(calls[1..3].iter().all(|c| before <= c.at && c.at <= after));
+    assert!(calls.windows(2).all(|w| w[0].seq < w[1].seq));
+
+    // A process the resolver does not know is recorded as unknown.
+    resolver.remove(std::process::id());
+    let mut unknown = TcpStream::connect(sim.http_addr()).unwrap();
+    assert_eq!(request_on(&mut unknown, &path), 401);
+    assert_eq!(sim.calls().last().unwrap().caller, None);
+
+    // Clearing the calls keeps the request log (the node simulation reads it).
+    sim.clear_calls();
+    assert!(sim.calls().is_empty());
+    assert_eq!(sim.requests().len(), 5);
+    resolver.insert(std::process::id(), "test-process");
+    assert_eq!(request_on(&mut conn, &path), 401);
+    let calls = sim.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].caller.as_deref(), Some("test-process"));
+
+    // Stopped: new connections are not named, open ones keep their name.
+    sim.stop_recording_callers();
+    let mut late = TcpStream::connect(sim.http_addr()).unwrap();
+    assert_eq!(request_on(&mut late, &path), 401);
+    assert_eq!(request_on(&mut conn, &path), 401);
+    let callers: Vec<_> = sim.calls().into_iter().map(|c| c.caller).collect();
+    assert_eq!(
+        callers,
+        [
+            Some("test-process".to_owned()),
+            None,
+            Some("test-process".to_owned())
+        ]
+    );
+    sim.clear_requests();
+    assert!(sim.calls().is_empty(), "a view of the request log");
+}
+
+/// A call from another process is recorded under that process's name (bash's
+/// `/dev/tcp` as the client: no HTTP client needed in the child).
+#[test]
+fn a_call_from_a_child_process_names_the_child() {
+    use fabric_sim::PidResolver;
+
+    let sim = start(SimConfig::default());
+    let resolver = PidResolver::new();
+    resolver.insert(std::process::id(), "parent");
+    sim.record_callers(resolver.resolver());
+    let port = sim.http_addr().port();
+    let script = format!(
+        "read -r go; exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /from-child HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3; cat <&3 >/dev/null"
+    );
+    let mut child = Command::new("bash")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The child connects once told to, when the resolver knows it.
+    resolver.insert(child.id(), "child");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let calls = sim.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].path, "/from-child");
+    assert_eq!(calls[0].caller.as_deref(), Some("child"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,16 +1,23 @@
 //! The part of a simulator a test or the conformance suite drives: the faults in force
 //! and the requests received.
 
-use std::sync::Mutex;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use crate::faults::{FaultBook, FaultId, FaultKind, Injection, ReplyPlan};
 use crate::lock;
 use crate::record::{RecordedRequest, RequestLog};
 
+/// Names the client at a peer address (e.g. the process owning that socket), or None
+/// when it does not know it. Called once per connection, when it is accepted: the
+/// client's socket still exists then.
+pub type CallerResolver = Arc<dyn Fn(SocketAddr) -> Option<String> + Send + Sync>;
+
 /// A simulator's fault book and request log, shared by its server and its handle.
 pub struct Controls<F, R> {
     faults: Mutex<FaultBook<F, R>>,
     log: RequestLog<R>,
+    callers: Mutex<Option<CallerResolver>>,
 }
 
 impl<F, R> Default for Controls<F, R> {
@@ -18,6 +25,7 @@ impl<F, R> Default for Controls<F, R> {
         Controls {
             faults: Mutex::new(FaultBook::default()),
             log: RequestLog::default(),
+            callers: Mutex::new(None),
         }
     }
 }
@@ -85,8 +93,31 @@ impl<F: FaultKind, R: Clone + PartialEq> Controls<F, R> {
         self.log.any_since(seq, routes, pred)
     }
 
+    /// `f` of each request after request `seq`, in arrival order, without copying the
+    /// requests.
+    pub fn map_requests_since<T>(
+        &self,
+        seq: u64,
+        f: impl FnMut(&RecordedRequest<R>) -> T,
+    ) -> Vec<T> {
+        self.log.map_since(seq, f)
+    }
+
     pub fn clear_requests(&self) {
         self.log.clear();
+    }
+
+    // ---- callers ----
+
+    /// Names the caller of every connection accepted from now on with `resolver` (None:
+    /// stop). Connections already open keep the caller they were given.
+    pub fn set_caller_resolver(&self, resolver: Option<CallerResolver>) {
+        *lock(&self.callers) = resolver;
+    }
+
+    /// For the server: the resolver to ask about a new connection, if any.
+    pub fn caller_resolver(&self) -> Option<CallerResolver> {
+        lock(&self.callers).clone()
     }
 }
 

@@ -5,7 +5,9 @@
 //!   book that hands them out per request, and the plans the server carries out around
 //!   a handler ([`Action`], [`After`]: answer instead, slow reply, drop before or after
 //!   acting, cut the body).
-//! - [`record`]: every request as received ([`RecordedRequest`]) and the log of them.
+//! - [`record`]: every request as received ([`RecordedRequest`]: with the client's
+//!   address and, when a test installs a [`CallerResolver`], who the client is) and the
+//!   log of them.
 //! - [`Controls`]: the fault book and the log together, the part of a simulator's handle
 //!   a test or the conformance suite drives ([`SimControl`]).
 //! - [`server`]: loopback listeners (HTTP, or HTTPS with [`tls`]) served on a thread of
@@ -20,7 +22,7 @@ pub mod tls;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-pub use controls::{Controls, SimControl};
+pub use controls::{CallerResolver, Controls, SimControl};
 pub use faults::{Action, After, FaultBook, FaultId, FaultKind, Injection, ReplyPlan, Scope};
 pub use record::{RecordedRequest, RequestLog, bearer_token};
 pub use server::{Listener, Protocol, Server, bind_loopback, raw_reply};

@@ -1,5 +1,6 @@
 //! The record kept of every request a simulator receives.
 
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
@@ -15,6 +16,15 @@ pub struct RecordedRequest<R> {
     pub seq: u64,
     /// Arrival time on the simulator's clock.
     pub at: SystemTime,
+    /// Arrival time on the system's clock, whatever the simulator's clock says: what
+    /// times other processes wrote (a Lease's renewal) are compared with.
+    pub wall: SystemTime,
+    /// The client's address (its side of the connection).
+    pub peer: SocketAddr,
+    /// Who the client is, as the caller resolver installed when its connection was
+    /// accepted said ([`crate::Controls::set_caller_resolver`]); None without one, or
+    /// when it did not know the client.
+    pub caller: Option<String>,
     /// Came in over HTTPS.
     pub tls: bool,
     pub method: String,
@@ -132,6 +142,15 @@ impl<R: Clone + PartialEq> RequestLog<R> {
             .any(|r| r.route.as_ref().is_some_and(|route| routes.contains(route)) && pred(r))
     }
 
+    /// `f` of each request after request `seq`, in arrival order, copying none: a view
+    /// of a few fields of a long log costs no copy of its bodies.
+    pub fn map_since<T>(&self, seq: u64, f: impl FnMut(&RecordedRequest<R>) -> T) -> Vec<T> {
+        let records = lock(&self.records);
+        // Numbers grow in arrival order, so the requests after `seq` are a suffix.
+        let start = records.partition_point(|r| r.seq <= seq);
+        records[start..].iter().map(f).collect()
+    }
+
     pub fn clear(&self) {
         lock(&self.records).clear();
     }
@@ -145,6 +164,9 @@ mod tests {
         RecordedRequest {
             seq: 0,
             at: SystemTime::UNIX_EPOCH,
+            wall: SystemTime::UNIX_EPOCH,
+            peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
+            caller: None,
             tls: false,
             method: "POST".into(),
             path: "/x".into(),
@@ -179,6 +201,9 @@ mod tests {
         assert_eq!(log.all()[1].json(), Some(serde_json::json!({"a": 1})));
         assert!(log.any_since(1, &[2], |r| r.json().is_some()));
         assert!(!log.any_since(2, &[2], |_| true));
+        assert_eq!(log.map_since(1, |r| r.seq), vec![2, 3]);
+        assert_eq!(log.map_since(0, |r| r.route), vec![Some(1), Some(2), None]);
+        assert!(log.map_since(3, |r| r.seq).is_empty());
         log.clear();
         assert_eq!(log.last_seq(), 0);
     }

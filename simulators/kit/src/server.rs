@@ -170,8 +170,8 @@ async fn accept_loop<P: Protocol>(
     protocol: Arc<P>,
 ) {
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(_) => {
                 // Out of descriptors and the like: back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -182,23 +182,51 @@ async fn accept_loop<P: Protocol>(
         let protocol = protocol.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let conn = Arc::new(Connection {
+                peer,
+                caller: caller_of(protocol.controls(), peer).await,
+                tls: tls.is_some(),
+            });
             match tls {
                 Some(acceptor) => {
                     if let Ok(stream) = acceptor.accept(stream).await {
-                        serve_connection(TokioIo::new(stream), true, protocol).await;
+                        serve_connection(TokioIo::new(stream), conn, protocol).await;
                     }
                 }
-                None => serve_connection(TokioIo::new(stream), false, protocol).await,
+                None => serve_connection(TokioIo::new(stream), conn, protocol).await,
             }
         });
     }
 }
 
-async fn serve_connection<I, P: Protocol>(io: I, tls: bool, protocol: Arc<P>)
+/// What every request of one connection shares.
+struct Connection {
+    peer: SocketAddr,
+    caller: Option<String>,
+    tls: bool,
+}
+
+/// The caller the installed resolver names for `peer`, asked now, before the first
+/// request: the client is waiting for this connection (its handshake, its reply), so its
+/// socket exists. The resolver may read files (/proc), so it runs off the server's one
+/// thread, which keeps serving the other connections meanwhile.
+async fn caller_of<F, R>(controls: &Controls<F, R>, peer: SocketAddr) -> Option<String>
+where
+    F: FaultKind,
+    R: Clone + PartialEq,
+{
+    let resolve = controls.caller_resolver()?;
+    tokio::task::spawn_blocking(move || resolve(peer))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn serve_connection<I, P: Protocol>(io: I, conn: Arc<Connection>, protocol: Arc<P>)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let service = service_fn(move |req| handle(req, tls, protocol.clone()));
+    let service = service_fn(move |req| handle(req, conn.clone(), protocol.clone()));
     // An error here is a dropped connection or a client going away; either way the
     // stream is closed when this returns.
     let _ = http1::Builder::new().serve_connection(io, service).await;
@@ -211,14 +239,22 @@ struct DropConnection;
 
 async fn handle<P: Protocol>(
     req: Request<Incoming>,
-    tls: bool,
+    conn: Arc<Connection>,
     protocol: Arc<P>,
 ) -> Result<Response<P::Body>, DropConnection> {
+    // Taken as the request arrives (its head read), before its body.
+    let wall = SystemTime::now();
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(|_| DropConnection)?.to_bytes();
     let route = protocol.classify(parts.method.as_str(), parts.uri.path());
     let controls = protocol.controls();
-    controls.record(recorded(&parts, &body, tls, route, protocol.now()));
+    controls.record(recorded(
+        &parts,
+        &body,
+        &conn,
+        route,
+        (protocol.now(), wall),
+    ));
 
     let plan = controls.plan_reply(route.as_ref());
     if !plan.latency.is_zero() {
@@ -244,17 +280,21 @@ async fn handle<P: Protocol>(
     }
 }
 
+/// `(at, wall)`: arrival on the simulator's clock and on the system's.
 fn recorded<R>(
     parts: &hyper::http::request::Parts,
     body: &Bytes,
-    tls: bool,
+    conn: &Connection,
     route: Option<R>,
-    at: SystemTime,
+    (at, wall): (SystemTime, SystemTime),
 ) -> RecordedRequest<R> {
     RecordedRequest {
         seq: 0,
         at,
-        tls,
+        wall,
+        peer: conn.peer,
+        caller: conn.caller.clone(),
+        tls: conn.tls,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         query: parts.uri.query().map(String::from),

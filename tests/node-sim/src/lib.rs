@@ -25,11 +25,18 @@
 //! cluster with a kubelet, [`RealNodeSide`] deploys the same DaemonSets as real pods of
 //! the `node-standin` image, whose commands reach the [`Standin`] service and are
 //! answered by the same [`SimNodes`].
+//!
+//! Operators in other processes share the simulation the same way: their command
+//! runner, [`StandinRunner`], forwards each command to the test's [`Standin`]. The
+//! [`replica`] module runs such an operator replica as a process (and lets its parent
+//! kill, stop and continue it).
 
 mod cluster;
 mod fabric;
 pub mod node;
 mod real;
+mod remote;
+pub mod replica;
 mod runner;
 mod standin;
 
@@ -49,6 +56,7 @@ pub use cluster::{
 pub use fabric::{CdimNodes, NodeFabric, UuidError};
 pub use node::{DriverKind, NodeOptions, NodeState, Quirks};
 pub use real::{GPU_PRESENT_LABEL, RealError, RealNodeSide};
+pub use remote::{StandinRunner, StandinRunnerError};
 pub use runner::{ExecPath, Hook, SimNodes};
 pub use standin::{ExecFault, REFUSED, Role, Standin, Started, WORKLOAD_PROCESS};
 

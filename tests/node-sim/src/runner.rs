@@ -24,6 +24,9 @@ pub enum ExecPath {
     /// Through a real `pods/exec` into a stand-in pod, forwarded to the stand-in
     /// service ([`crate::Standin`]).
     StandIn,
+    /// Through [`crate::StandinRunner`], the command runner of an operator in another
+    /// process, forwarded to the stand-in service without a pod.
+    Forwarded,
 }
 
 /// What [`SimNodes::answer`] made of a command.

@@ -5,9 +5,17 @@
 //! quirks and the "unknown command" rule are the in-process simulation's, while the
 //! path is the real one: API server, kubelet, container runtime, a process in the pod.
 //!
+//! The same service answers an operator in another process of the test: its command
+//! runner, [`StandinRunner`](crate::StandinRunner), forwards each command here, so
+//! every operator process of a test shares the one node simulation.
+//!
 //! Endpoints (JSON):
 //! - `POST /v1/exec` `{namespace, pod, node, kind: "driver"|"agent", argv}` →
-//!   `{stdout, stderr, code, signal}`;
+//!   `{stdout, stderr, code, signal}`; from a runner (`"runner": true`, no `kind`,
+//!   optionally `container`) the pod is not taken as running (the simulation's own
+//!   pods are the ones there are), and a command the simulation refuses is answered
+//!   `{"error": message, ...}` instead of exit code [`REFUSED`], so the runner fails it
+//!   as the in-process runner does;
 //! - `POST /v1/started` `{namespace, pod, node, uid, role, gpus?}`: a pod's container
 //!   started (see [`Role`] for what each role does);
 //! - `GET /v1/nodes/{node}/gpus` → `[{uuid, minor, bus}]`: what the node's driver lists
@@ -24,7 +32,7 @@ use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use cro_operator::nodeops::PodRef;
+use cro_operator::nodeops::{NodeOpsError, PodRef};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -130,21 +138,38 @@ pub struct Started {
     pub gone: bool,
 }
 
-#[derive(Debug, Deserialize)]
-struct ExecRequest {
-    namespace: String,
-    pod: String,
-    node: String,
-    kind: String,
-    argv: Vec<String>,
+/// A command to run, as a stand-in pod's binary or a [`crate::StandinRunner`] sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ExecRequest {
+    pub namespace: String,
+    pub pod: String,
+    pub node: String,
+    /// "driver" or "agent": which pod image the command runs in (pods only).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    pub argv: Vec<String>,
+    /// The container the operator named, if any (runners only; the simulation runs a
+    /// command the same in any container of a pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Sent by a runner, not by a process in a pod.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub runner: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-struct ExecReply {
-    stdout: String,
-    stderr: String,
-    code: i32,
-    signal: Option<i32>,
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ExecReply {
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    pub code: i32,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Runners only: the simulation refused the command with this message (what the
+    /// in-process runner's [`NodeOpsError::Exec`] says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -279,8 +304,9 @@ impl Standin {
 
     /// Every exec the simulation answered through this service, in order, with its
     /// node: one entry per command in [`SimNodes::commands_via`]`(`[`ExecPath::StandIn`]`)`
-    /// (recorded when it ran, so also one whose reply a fault delays or a hook holds).
-    /// An [`ExecFault::Reply`] is not the simulation's answer and is not here.
+    /// and `(`[`ExecPath::Forwarded`]`)` (recorded when it ran, so also one whose reply a
+    /// fault delays or a hook holds). An [`ExecFault::Reply`] is not the simulation's
+    /// answer and is not here. Faults apply to runners' commands as to pods'.
     pub fn exec_answered(&self) -> Vec<(String, Vec<String>)> {
         self.shared.book().answered.clone()
     }
@@ -396,9 +422,14 @@ impl Shared {
             namespace: req.namespace.clone(),
             name: req.pod.clone(),
             node: req.node.clone(),
-            container: None,
+            container: req.container.clone(),
         };
-        let answered = self.nodes.answer(&pod, &req.argv, ExecPath::StandIn);
+        let path = if req.runner {
+            ExecPath::Forwarded
+        } else {
+            ExecPath::StandIn
+        };
+        let answered = self.nodes.answer(&pod, &req.argv, path);
         self.book()
             .answered
             .push((req.node.clone(), req.argv.clone()));
@@ -414,12 +445,25 @@ impl Shared {
                 stderr: out.stderr,
                 code: out.exit_code,
                 signal: None,
+                error: None,
+            },
+            // A runner fails the command with the simulation's own error.
+            Err(e) if req.runner => ExecReply {
+                stdout: String::new(),
+                stderr: String::new(),
+                code: REFUSED,
+                signal: None,
+                error: Some(match e {
+                    NodeOpsError::Exec { message, .. } => message,
+                    other => other.to_string(),
+                }),
             },
             Err(e) => ExecReply {
                 stdout: String::new(),
                 stderr: format!("node-standin: {e}\n"),
                 code: REFUSED,
                 signal: None,
+                error: None,
             },
         })
     }
@@ -503,10 +547,13 @@ async fn exec(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad exec request: {e}")),
     };
-    let kind = match req.kind.as_str() {
-        "driver" => PodKind::Driver,
-        "agent" => PodKind::Agent,
-        other => {
+    // A pod's command proves the pod runs; a runner's proves nothing (its pod may be
+    // gone or not ready, and the simulation answers so).
+    let kind = match (req.runner, req.kind.as_str()) {
+        (true, _) => None,
+        (false, "driver") => Some(PodKind::Driver),
+        (false, "agent") => Some(PodKind::Agent),
+        (false, other) => {
             return text(
                 StatusCode::BAD_REQUEST,
                 format!("bad exec request: kind {other:?} is neither \"driver\" nor \"agent\""),
@@ -523,7 +570,9 @@ async fn exec(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         .book()
         .received
         .push((req.node.clone(), req.argv.clone()));
-    shared.register(&req, kind);
+    if let Some(kind) = kind {
+        shared.register(&req, kind);
+    }
     // Subscribed before the fault is taken, so a release right after is not missed.
     let mut wake = shared.wake.subscribe();
     let released = wake.borrow_and_update().released;
@@ -538,6 +587,7 @@ async fn exec(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
             stderr,
             code,
             signal: None,
+            error: None,
         }),
         Some(ExecFault::Signal(signal)) => shared.run(&req, &mut wake).await.map(|r| ExecReply {
             code: 128 + signal,

@@ -323,10 +323,15 @@ async fn create(
     let obj = ComposableResource {
         metadata: ObjectMeta {
             name: Some(w.resource.clone()),
-            labels: Some(BTreeMap::from([(
-                LABEL_CLAIM_UID.to_owned(),
-                claim.uid().unwrap_or_default(),
-            )])),
+            labels: Some(
+                [(LABEL_CLAIM_UID.to_owned(), claim.uid().unwrap_or_default())]
+                    .into_iter()
+                    .chain(
+                        ctx.provider_of(node)
+                            .map(|p| (cro_api::LABEL_PROVIDER.to_owned(), p)),
+                    )
+                    .collect(),
+            ),
             annotations: Some(BTreeMap::from([
                 (
                     ANNOTATION_CLAIM.to_owned(),

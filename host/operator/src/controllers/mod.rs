@@ -9,4 +9,5 @@ pub(crate) mod binding;
 pub(crate) mod pool;
 pub(crate) mod request;
 pub(crate) mod resource;
+pub(crate) mod routing;
 pub(crate) mod sync;

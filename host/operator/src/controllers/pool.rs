@@ -120,11 +120,12 @@ async fn publish(
         }
         providers_seen.insert(provider);
     }
-    // Slices of a provider that is gone.
+    // Slices of a provider that is gone (not one another replica holds: each replica
+    // publishes the pools of the providers whose Leases it holds).
     for s in existing.iter().filter(|s| {
         s.labels()
             .get(LABEL_POOL_PROVIDER)
-            .is_none_or(|p| !providers_seen.contains(p))
+            .is_none_or(|p| !providers_seen.contains(p) && registry.slot(p).is_none())
     }) {
         delete(&slices_api, &s.name_any()).await?;
     }

@@ -173,6 +173,10 @@ pub(crate) async fn sync_once(
             continue;
         }
         let mut obj = orphan_resource(&device);
+        if let Some(p) = ctx.provider_of(&device.node) {
+            obj.labels_mut()
+                .insert(cro_api::LABEL_PROVIDER.to_owned(), p);
+        }
         if let Some(m) = machines.get(&device.node) {
             obj.annotations_mut()
                 .insert(ANNOTATION_NODE_MACHINE.to_owned(), m.to_annotation());

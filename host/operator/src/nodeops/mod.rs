@@ -79,6 +79,14 @@ pub enum NodeOpsError {
         container: String,
         detail: String,
     },
+    /// Not sent: this replica may not act for the node's provider now (its Lease expired
+    /// or moved, crate::provider::tenure); the replica holding it carries on.
+    #[error("`{command}` on node {node} not run: {why}")]
+    Fenced {
+        node: String,
+        command: String,
+        why: String,
+    },
     /// The pod the command was meant for is gone (404 before the command started).
     #[error("pod {pod} does not exist (any more), so the command could not start: {detail}")]
     PodNotFound { pod: String, detail: String },
@@ -151,6 +159,7 @@ impl NodeOpsError {
             | NodeOpsError::ExecTimeout { .. }
             | NodeOpsError::Killed { .. }
             | NodeOpsError::Exec { .. }
+            | NodeOpsError::Fenced { .. }
             | NodeOpsError::Kube(_) => true,
             NodeOpsError::NoDriver(_)
             | NodeOpsError::NoGpuOperator(_)

@@ -165,6 +165,9 @@ pub(crate) struct Caches {
     /// Notified when a resource made for a ResourceClaim changes (the binding
     /// controller's next round: Online means a condition to set).
     claim_resources_changed: Arc<tokio::sync::Notify>,
+    /// Notified when a resource without a provider label is seen (the routing loop's
+    /// next round labels it).
+    unrouted_seen: Arc<tokio::sync::Notify>,
     writers: Mutex<Option<Writers>>,
 }
 
@@ -184,6 +187,7 @@ impl Default for Caches {
             triggered: AtomicU64::new(0),
             index: Arc::default(),
             claim_resources_changed: Arc::default(),
+            unrouted_seen: Arc::default(),
             writers: Mutex::new(Some(Writers {
                 resources: rw,
                 requests: qw,
@@ -271,11 +275,17 @@ impl Caches {
         let seen = self.resources_seen.clone();
         let index = self.index.clone();
         let claim_resources_changed = self.claim_resources_changed.clone();
+        let unrouted_seen = self.unrouted_seen.clone();
         let indexed = move |e: &watcher::Event<ComposableResource>| {
             if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = e
                 && o.labels().contains_key(cro_api::LABEL_CLAIM_UID)
             {
                 claim_resources_changed.notify_one();
+            }
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = e
+                && !o.labels().contains_key(cro_api::LABEL_PROVIDER)
+            {
+                unrouted_seen.notify_one();
             }
             index
                 .lock()
@@ -308,6 +318,11 @@ impl Caches {
     /// changes while nobody waits wake the next wait once).
     pub(crate) fn claim_resource_changes(&self) -> Arc<tokio::sync::Notify> {
         self.claim_resources_changed.clone()
+    }
+
+    /// Notified when a resource without a provider label is seen (one permit kept).
+    pub(crate) fn unrouted_resources(&self) -> Arc<tokio::sync::Notify> {
+        self.unrouted_seen.clone()
     }
 
     /// The cached ComposableResources (None until the cache has listed them once).

@@ -15,10 +15,14 @@ use crate::nodeops::dra::DraApis;
 use crate::nodeops::{CommandRunner, GpuOps};
 use crate::plumbing::cache::Caches;
 use crate::provider::{DeviceProvider, InstrumentedProvider};
+use crate::registry::Registry;
+use crate::registry::fence::FencedRunner;
 
 pub(crate) struct Context {
     pub(crate) client: kube::Client,
     pub(crate) provider: InstrumentedProvider,
+    /// The providers by name: which serves a node, and which this replica holds.
+    pub(crate) registry: Arc<Registry>,
     pub(crate) runner: Arc<dyn CommandRunner>,
     pub(crate) gpu: GpuOps,
     pub(crate) config: OperatorConfig,
@@ -57,7 +61,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Context {
     pub(crate) fn new(
         client: kube::Client,
-        provider: Arc<dyn DeviceProvider>,
+        registry: Arc<Registry>,
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
         metrics: Arc<Metrics>,
@@ -70,8 +74,12 @@ impl Context {
                 instance: std::env::var("POD_NAME").ok(),
             },
         );
+        // Every node command passes the provider fence, as every fabric call does.
+        let runner: Arc<dyn CommandRunner> = Arc::new(FencedRunner::new(runner, registry.clone()));
+        let provider: Arc<dyn DeviceProvider> = registry.clone();
         Self {
             provider: InstrumentedProvider::new(provider, metrics.clone()),
+            registry,
             gpu: GpuOps::new(runner.clone()),
             client,
             runner,
@@ -86,6 +94,12 @@ impl Context {
             unwritten_progress: Mutex::default(),
             deletions_asked: Mutex::default(),
         }
+    }
+
+    /// The provider serving `node` now (None: no route yet; the resource is labelled
+    /// later, crate::controllers::routing).
+    pub(crate) fn provider_of(&self, node: &str) -> Option<String> {
+        self.registry.route(node).ok()
     }
 
     /// How long a write of `key` that only reports progress may still wait: progress is
@@ -324,7 +338,7 @@ mod tests {
         c.timings.rescan_interval = Duration::from_secs(3600);
         Context::new(
             client,
-            Arc::new(Nothing),
+            Registry::single_in("default", Arc::new(Nothing), Default::default()),
             Arc::new(Nothing),
             c,
             Arc::new(Metrics::new()),

@@ -28,6 +28,20 @@ pub struct LeaderElector {
     api: Api<Lease>,
     config: LeaderElectionConfig,
     observed: Option<(Record, Instant)>,
+    /// Labels a Lease this elector creates carries (a provider's Lease is listed by them).
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Annotations every write of this elector sets (who holds a provider's Lease, from
+    /// which process).
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// Who holds a Lease as an elector sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The holder; None when nobody does.
+    pub(crate) holder: Option<String>,
+    /// The record has not changed for the lease duration on this clock: it may be taken.
+    pub(crate) expired: bool,
 }
 
 fn secs(d: Duration) -> i32 {
@@ -40,7 +54,75 @@ impl LeaderElector {
             api: Api::namespaced(client, &config.namespace),
             config,
             observed: None,
+            labels: None,
+            annotations: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// An elector whose writes set `annotations` on the Lease.
+    pub(crate) fn with_annotations(
+        mut self,
+        annotations: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.annotations = annotations;
+        self
+    }
+
+    pub(crate) fn set_annotations(
+        &mut self,
+        annotations: std::collections::BTreeMap<String, String>,
+    ) {
+        self.annotations = annotations;
+    }
+
+    pub(crate) fn lease_name(&self) -> &str {
+        &self.config.lease_name
+    }
+
+    /// An elector whose Lease, when it creates it, carries `labels`.
+    pub(crate) fn with_labels(
+        mut self,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.labels = Some(labels);
+        self
+    }
+
+    /// Notes the record of `lease` (when it was first seen as it is) and says who holds
+    /// it and whether that holder's time is up on this clock.
+    pub(crate) fn sees(&mut self, lease: Option<&Lease>) -> Seen {
+        let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+            return Seen {
+                holder: None,
+                expired: true,
+            };
+        };
+        let observed_at = self.observe(spec);
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let expired = holder.is_none() || observed_at.elapsed() >= self.duration_of(spec);
+        Seen { holder, expired }
+    }
+
+    fn observe(&mut self, spec: &LeaseSpec) -> Instant {
+        let record = Record {
+            holder: spec.holder_identity.clone().unwrap_or_default(),
+            renew: spec.renew_time.clone(),
+            transitions: spec.lease_transitions,
+        };
+        match &self.observed {
+            Some((seen, at)) if *seen == record => *at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some((record, at));
+                at
+            }
+        }
+    }
+
+    fn duration_of(&self, spec: &LeaseSpec) -> Duration {
+        spec.lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.config.lease_duration, Duration::from_secs)
     }
 
     pub fn identity(&self) -> &str {
@@ -74,13 +156,22 @@ impl LeaderElector {
 
     /// One attempt: true when this instance holds the Lease afterwards.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let existing = self.api.get_opt(&self.config.lease_name).await?;
+        self.attempt(existing).await
+    }
+
+    /// One attempt on the Lease as just read (`None`: it does not exist): true when this
+    /// instance holds it afterwards. The write carries the read's resourceVersion.
+    pub(crate) async fn attempt(&mut self, existing: Option<Lease>) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
-        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+        let Some(mut lease) = existing else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.config.lease_name.clone()),
                     namespace: Some(self.config.namespace.clone()),
+                    labels: self.labels.clone(),
+                    annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -99,26 +190,19 @@ impl LeaderElector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let record = Record {
-            holder: spec.holder_identity.clone().unwrap_or_default(),
-            renew: spec.renew_time.clone(),
-            transitions: spec.lease_transitions,
-        };
-        let observed_at = match &self.observed {
-            Some((seen, at)) if *seen == record => *at,
-            _ => {
-                let at = Instant::now();
-                self.observed = Some((record.clone(), at));
-                at
-            }
-        };
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(self.config.lease_duration, Duration::from_secs);
-        let mine = record.holder == me;
-        if !record.holder.is_empty() && !mine && observed_at.elapsed() < duration {
+        let observed_at = self.observe(&spec);
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let duration = self.duration_of(&spec);
+        let mine = holder == me;
+        if !holder.is_empty() && !mine && observed_at.elapsed() < duration {
             return Ok(false);
+        }
+        if !self.annotations.is_empty() {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .extend(self.annotations.clone());
         }
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(me),

@@ -3,4 +3,5 @@
 
 pub mod leader;
 pub(crate) mod run;
+pub(crate) mod shards;
 pub(crate) mod signals;

@@ -9,10 +9,13 @@ use cro_api::ComposabilityRequest;
 use kube::api::{Api, ListParams};
 use tokio::task::JoinSet;
 
+use futures::FutureExt;
+
 use super::leader::{self, Leadership};
+use super::shards::{Shards, StartWork};
 use super::signals::{Signal, shutdown_signal, signal};
 use crate::config::{OperatorConfig, ProviderSource, WebhookCerts};
-use crate::controllers::{binding, pool, request, resource, sync};
+use crate::controllers::{binding, pool, request, resource, routing, sync};
 use crate::error::OperatorError;
 use crate::metrics::Metrics;
 use crate::nodeops::dra::DraApis;
@@ -20,6 +23,7 @@ use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::plumbing::context::Context;
 use crate::provider::DeviceProvider;
 use crate::provider::credentials::NamingSecret;
+use crate::provider::tenure::{Tenure, TenureCell};
 use crate::registry;
 use crate::registry::spec::load_provider;
 use crate::registry::watch::WatchOptions;
@@ -42,7 +46,6 @@ const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 /// command runner; [`run`] gives it the real ones.
 pub struct Operator {
     client: kube::Client,
-    provider: Arc<dyn DeviceProvider>,
     runner: Arc<dyn CommandRunner>,
     config: OperatorConfig,
     metrics: Arc<Metrics>,
@@ -63,13 +66,24 @@ impl Operator {
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
     ) -> Self {
+        Self::new_in(client, provider, runner, config, TenureCell::default())
+    }
+
+    /// [`Operator::new`] whose tenure goes in `tenure`, where the provider's fence reads it.
+    fn new_in(
+        client: kube::Client,
+        provider: Arc<dyn DeviceProvider>,
+        runner: Arc<dyn CommandRunner>,
+        config: OperatorConfig,
+        tenure: TenureCell,
+    ) -> Self {
         let provider: Arc<dyn DeviceProvider> = match &config.credentials {
             Some(secret) => Arc::new(NamingSecret::new(provider, secret.clone())),
             None => provider,
         };
         // `--provider-spec` or the Go environment: one implicit provider serving every
         // node, under its name in logs (crate::registry).
-        let registry = Registry::single(IMPLICIT_PROVIDER, provider);
+        let registry = Registry::single_in(IMPLICIT_PROVIDER, provider, tenure);
         Self::with_provider(client, registry, runner, config)
     }
 
@@ -115,11 +129,9 @@ impl Operator {
         metrics.watch_denials(move || counted.counters().map(|c| c.denials));
         let counted = provider.clone();
         metrics.watch_budgets(move || counted.counters().map(|c| (c.provider, c.budgets)));
-        let counted = provider.clone();
-        metrics.watch_provider_warnings(move || counted.counters().map(|c| c.warnings));
+        metrics.watch_provider_warnings(move || provider.counters().map(|c| c.warnings));
         Self {
             client,
-            provider,
             runner,
             config,
             metrics,
@@ -241,27 +253,13 @@ impl Operator {
         // A standby serves probes and the webhook: it is ready, just not leading.
         self.ready.set(true);
 
-        let leadership = match self.config.leader_election.clone() {
-            None => None,
-            Some(le) => {
-                let metrics = self.metrics.clone();
-                let acquired = leader::acquire(self.client.clone(), le, move |leading| {
-                    metrics.set_leader(leading)
-                });
-                tokio::select! {
-                    l = acquired => Some(l?),
-                    () = &mut shutdown => {
-                        let _ = stop_tx.send(());
-                        while background.join_next().await.is_some() {}
-                        return Ok(());
-                    }
-                }
-            }
-        };
-
+        // Which providers this replica acts for: all of them alone, those whose Leases
+        // it holds among several (crate::process::shards).
+        let tenure = Arc::new(Shards::tenure_for(self.config.leader_election.as_ref()));
+        self.registry.set_tenure(tenure.clone());
         let ctx = Arc::new(Context::new(
             self.client.clone(),
-            self.provider.clone(),
+            self.registry.clone(),
             self.runner.clone(),
             self.config.clone(),
             self.metrics.clone(),
@@ -279,12 +277,20 @@ impl Operator {
             () = caches_listed(&ctx.caches) => false,
             () = &mut shutdown => true,
         };
-        let mut leadership = leadership;
+        let mut leadership = None;
         let outcome = if stopped_early {
             Ok(())
         } else {
-            start_controllers(&ctx, &self.registry, &mut workers, &stop);
-            until_stopped(shutdown.as_mut(), leadership.as_mut(), &mut background).await
+            start_replica_work(&ctx, &self.registry, tenure, &mut workers, &stop);
+            match self.lead(shutdown.as_mut()).await {
+                Led::Leading(l) => {
+                    leadership = l;
+                    start_leader_work(&ctx, &mut workers, &stop);
+                    until_stopped(shutdown.as_mut(), leadership.as_mut(), &mut background).await
+                }
+                Led::ShutDown => Ok(()),
+                Led::Failed(e) => Err(e),
+            }
         };
         self.ready.set(false);
         let _ = stop_tx.send(());
@@ -294,6 +300,24 @@ impl Operator {
             Err(e) => tracing::error!(error = %e, "operator stopped"),
         }
         outcome
+    }
+
+    /// Waits until this replica leads (at once without leader election), or shutdown.
+    async fn lead<F: Future<Output = ()>>(&self, shutdown: Pin<&mut F>) -> Led {
+        let Some(le) = self.config.leader_election.clone() else {
+            return Led::Leading(None);
+        };
+        let metrics = self.metrics.clone();
+        let acquired = leader::acquire(self.client.clone(), le, move |leading| {
+            metrics.set_leader(leading)
+        });
+        tokio::select! {
+            l = acquired => match l {
+                Ok(l) => Led::Leading(Some(l)),
+                Err(e) => Led::Failed(e),
+            },
+            () = shutdown => Led::ShutDown,
+        }
     }
 
     /// Starts serving probes, health probes and the webhook (with what keeps its
@@ -392,22 +416,52 @@ async fn discover_dra(
     }
 }
 
-/// Starts both controllers and the upstream sync.
-fn start_controllers(
+/// How waiting for leadership ended.
+enum Led {
+    /// Leading (None: no leader election, this replica is alone).
+    Leading(Option<Leadership>),
+    ShutDown,
+    Failed(OperatorError),
+}
+
+/// Starts what every replica runs over the providers whose Leases it holds: the
+/// provider Leases themselves, with each held provider's resource controller, the
+/// upstream sync and the free pool (docs/ARCHITECTURE.md, "Replicas").
+fn start_replica_work(
     ctx: &Arc<Context>,
     registry: &Arc<Registry>,
+    tenure: Arc<Tenure>,
     workers: &mut JoinSet<()>,
     stop: &Signal,
 ) {
-    workers.spawn(request::controller(ctx.clone(), stop.clone()));
-    workers.spawn(resource::controller(ctx.clone(), stop.clone()));
+    let work_ctx = ctx.clone();
+    let start_work: StartWork = Arc::new(move |provider: String, stop: Signal| {
+        let ctx = work_ctx.clone();
+        async move { resource::controller(ctx, &provider, stop).await }.boxed()
+    });
+    let le = ctx.config.leader_election.clone();
+    let period = le
+        .as_ref()
+        .map_or(ctx.config.timings.poll_interval, |l| l.renew_period);
+    let shards = Shards::new(ctx.client.clone(), registry.clone(), tenure, le, start_work);
+    workers.spawn(shards.run(period, stop.clone()));
     let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
     workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });
     let (pool_ctx, pool_registry, pool_stop) = (ctx.clone(), registry.clone(), stop.clone());
     workers.spawn(async move { pool::run(&pool_ctx, &pool_registry, pool_stop).await });
+    tracing::info!(exposure = %ctx.config.mode.as_str(), "replica running: provider Leases, upstream sync and free pool started");
+}
+
+/// Starts what only the leader runs, because it decides over the whole cluster at once:
+/// the request controller (placing devices on nodes of every provider), the binding of
+/// claims, and the routing of unlabelled resources.
+fn start_leader_work(ctx: &Arc<Context>, workers: &mut JoinSet<()>, stop: &Signal) {
+    workers.spawn(request::controller(ctx.clone(), stop.clone()));
     let (bind_ctx, bind_stop) = (ctx.clone(), stop.clone());
     workers.spawn(async move { binding::run(&bind_ctx, bind_stop).await });
-    tracing::info!(exposure = %ctx.config.mode.as_str(), "operator running: controllers and upstream sync started");
+    let (route_ctx, route_stop) = (ctx.clone(), stop.clone());
+    workers.spawn(async move { routing::run(&route_ctx, route_stop).await });
+    tracing::info!("leading: request controller, claim binding and routing started");
 }
 
 /// Waits for the end: `shutdown` (Ok), the leader Lease lost, or a server that stopped.
@@ -486,8 +540,11 @@ pub async fn run(mut config: OperatorConfig) -> Result<(), OperatorError> {
             .run_until(shutdown_signal())
             .await;
     }
-    let provider = load_provider(&mut config, client.clone()).await?;
-    Operator::new(client, provider, runner, config)
+    // The provider's fence reads the tenure the operator puts here when it starts.
+    let tenure = TenureCell::default();
+    let provider =
+        load_provider(&mut config, client.clone(), tenure.fence(IMPLICIT_PROVIDER)).await?;
+    Operator::new_in(client, provider, runner, config, tenure)
         .run_until(shutdown_signal())
         .await
 }

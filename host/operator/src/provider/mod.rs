@@ -3,6 +3,7 @@
 
 pub(crate) mod credentials;
 pub(crate) mod node_machine;
+pub(crate) mod tenure;
 
 use std::collections::HashMap;
 use std::fmt;

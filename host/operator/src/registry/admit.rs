@@ -17,10 +17,22 @@ pub(crate) enum ProviderRefusal {
     Overlap { other: String },
     #[error("CdiProvider {other} is already the default provider: there can be only one")]
     SecondDefault { other: String },
+    #[error(
+        "the name is {len} characters long: a CdiProvider's name is a label value on its resources and slices (cro.hpsys.ibm.ie.com/provider), at most 63"
+    )]
+    NameTooLong { len: usize },
 }
+
+/// The longest label value Kubernetes accepts.
+const LABEL_VALUE_MAX: usize = 63;
 
 /// Whether `new` may join `others` (itself, by name, is skipped: an update).
 pub(crate) fn validate(new: &RouteEntry, others: &[RouteEntry]) -> Result<(), ProviderRefusal> {
+    if new.name.len() > LABEL_VALUE_MAX {
+        return Err(ProviderRefusal::NameTooLong {
+            len: new.name.len(),
+        });
+    }
     for o in others.iter().filter(|o| o.name != new.name) {
         if new.default && o.default {
             return Err(ProviderRefusal::SecondDefault {
@@ -71,5 +83,18 @@ mod tests {
         );
         // An update of itself is not an overlap with itself.
         assert_eq!(validate(&entry("a", Some("a"), true), &others[..1]), Ok(()));
+    }
+
+    #[test]
+    fn a_name_longer_than_a_label_value_is_refused() {
+        let long = "p".repeat(64);
+        assert_eq!(
+            validate(&entry(&long, Some("x"), false), &[]),
+            Err(ProviderRefusal::NameTooLong { len: 64 })
+        );
+        assert_eq!(
+            validate(&entry(&"p".repeat(63), Some("x"), false), &[]),
+            Ok(())
+        );
     }
 }

@@ -89,16 +89,18 @@ pub(crate) struct Loaded {
 }
 
 /// Loads `fetched` under `spec` and validates it (contract, `describe()`, grants,
-/// limits, configuration keys).
+/// limits, configuration keys); its HTTP requests ask `fence` before they are sent.
 pub(crate) async fn instantiate(
     client: &kube::Client,
     runtime: &Runtime,
     spec: &ProviderSpec,
     fetched: source::Fetched,
+    fence: cro_runtime::Fence,
 ) -> Result<Loaded, LoadError> {
     let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+    let options = cro_runtime::LoadOptions::default().with_fence(fence);
     let provider = runtime
-        .load_bytes(spec, fetched.bytes, Arc::new(cluster))
+        .load_bytes_with(spec, fetched.bytes, Arc::new(cluster), options)
         .await
         .map_err(|e| LoadError::Load(e.to_string()))?;
     crate::registry::startup::check_loaded(&provider)

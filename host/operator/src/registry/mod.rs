@@ -11,6 +11,7 @@
 //! `--provider-spec` / the Go environment as one implicit provider.
 
 pub(crate) mod admit;
+pub(crate) mod fence;
 pub(crate) mod load;
 pub(crate) mod route;
 pub(crate) mod spec;
@@ -31,6 +32,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 
+use crate::provider::tenure::{Tenure, TenureCell};
 use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use route::{RouteEntry, RouteError};
 
@@ -109,6 +111,11 @@ enum Labels {
 pub(crate) struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
     labels: Labels,
+    /// Which providers this replica may call now: every routed call passes it first, and
+    /// the pool and sync rounds ask only the providers it holds.
+    tenure: TenureCell,
+    /// Notified when a provider comes or goes (its Lease and work follow at once).
+    changed: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -118,6 +125,8 @@ impl Registry {
         Arc::new(Registry {
             slots: RwLock::default(),
             labels: Labels::Cache(OnceLock::new()),
+            tenure: TenureCell::default(),
+            changed: tokio::sync::Notify::new(),
         })
     }
 
@@ -131,8 +140,13 @@ impl Registry {
     }
 
     /// The one implicit provider of `--provider-spec` or the Go environment, serving
-    /// every node, under `name`.
-    pub(crate) fn single(name: &str, provider: Arc<dyn DeviceProvider>) -> Arc<Registry> {
+    /// every node, under `name`; its tenure is kept in `tenure` (the provider, loaded
+    /// before the registry existed, reads its fence there).
+    pub(crate) fn single_in(
+        name: &str,
+        provider: Arc<dyn DeviceProvider>,
+        tenure: TenureCell,
+    ) -> Arc<Registry> {
         let slot = Slot::new(RouteEntry {
             name: name.to_owned(),
             selector: None,
@@ -142,7 +156,40 @@ impl Registry {
         Arc::new(Registry {
             slots: RwLock::new(BTreeMap::from([(name.to_owned(), Arc::new(slot))])),
             labels: Labels::NotNeeded,
+            tenure,
+            changed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Calls go through `tenure` from now on (the operator gives its own at start).
+    pub(crate) fn set_tenure(&self, tenure: Arc<Tenure>) {
+        self.tenure.set(tenure);
+    }
+
+    pub(crate) fn tenure(&self) -> Arc<Tenure> {
+        self.tenure.get()
+    }
+
+    /// The fence for the runtime to ask before each HTTP request of `provider`.
+    pub(crate) fn fence(&self, provider: &str) -> cro_runtime::Fence {
+        self.tenure.fence(provider)
+    }
+
+    /// `Ok` when this replica may act now for the provider serving `node` (a node
+    /// command is fenced like a fabric call); otherwise why not.
+    pub(crate) fn fence_node(&self, node: &str) -> Result<String, String> {
+        let name = self.route(node).map_err(|e| e.to_string())?;
+        self.tenure().check(&name).map_err(|e| e.to_string())?;
+        Ok(name)
+    }
+
+    /// The slots of the providers this replica holds now.
+    fn held_slots(&self) -> Vec<Arc<Slot>> {
+        let tenure = self.tenure();
+        self.slots()
+            .into_iter()
+            .filter(|s| tenure.check(&s.name()).is_ok())
+            .collect()
     }
 
     /// The slot named `name`, made with `route` when new (its route updated otherwise).
@@ -156,13 +203,21 @@ impl Registry {
             None => {
                 let s = Arc::new(Slot::new(route.clone()));
                 slots.insert(route.name, s.clone());
+                self.changed.notify_one();
                 s
             }
         }
     }
 
     pub(crate) fn remove(&self, name: &str) -> Option<Arc<Slot>> {
-        write(&self.slots).remove(name)
+        let removed = write(&self.slots).remove(name);
+        self.changed.notify_one();
+        removed
+    }
+
+    /// Resolves when a provider came or went since the last wait (one permit kept).
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     pub(crate) fn slot(&self, name: &str) -> Option<Arc<Slot>> {
@@ -213,6 +268,11 @@ impl Registry {
             }
             _ => CallError::Provider(ProviderError::Config(e.to_string())),
         })?;
+        // The fence, right before the call: a replica whose Lease of this provider
+        // expired or moved makes no further call for it.
+        self.tenure()
+            .check(&name)
+            .map_err(|e| CallError::Provider(ProviderError::Unavailable(e.to_string())))?;
         let slot = self.slot(&name).ok_or_else(|| {
             CallError::Provider(ProviderError::Unavailable(format!(
                 "CdiProvider {name} went away"
@@ -318,15 +378,15 @@ impl Registry {
     }
 
     /// Each serving provider's answer for the asked nodes it serves (all of them when it
-    /// is the only provider), counted like any call.
+    /// is the only provider), counted like any call; only the providers this replica
+    /// holds are asked (another replica publishes the others).
     pub(crate) async fn pools(
         &self,
         query: &PoolQuery,
     ) -> Vec<(Arc<Slot>, ProviderResult<PoolOutcome>)> {
-        let slots = self.slots();
-        let single = slots.len() == 1;
+        let single = self.slots().len() == 1;
         let mut out = Vec::new();
-        for slot in slots {
+        for slot in self.held_slots() {
             let Some(provider) = slot.serving() else {
                 continue;
             };
@@ -353,14 +413,14 @@ impl Registry {
     /// The upstream sync's listing, per provider: each provider is asked for its fabric's
     /// devices and only those on nodes it serves are kept (another fabric's nodes are not
     /// its business). A provider that fails is logged and skipped, so one fabric being
-    /// down does not stop the sync of the others; all failing is an error.
+    /// down does not stop the sync of the others; all failing is an error. Only the
+    /// providers this replica holds are asked (another replica syncs the others).
     async fn list_all(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
-        let slots = self.slots();
+        let single = self.slots().len() == 1;
         let mut all = Vec::new();
         let mut last_error = None;
         let mut answered = 0usize;
-        let single = slots.len() == 1;
-        for slot in &slots {
+        for slot in &self.held_slots() {
             let Some(provider) = slot.serving() else {
                 continue;
             };

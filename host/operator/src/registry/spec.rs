@@ -81,12 +81,17 @@ pub fn provider_spec(
 pub(crate) async fn load_spec(
     spec: &ProviderSpec,
     client: kube::Client,
+    fence: Option<cro_runtime::Fence>,
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
     let runtime = Runtime::new(RuntimeOptions::default())
         .map_err(|e| OperatorError::Provider(e.to_string()))?;
     let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client);
+    let mut options = cro_runtime::LoadOptions::default();
+    if let Some(fence) = fence {
+        options = options.with_fence(fence);
+    }
     let provider = runtime
-        .load(spec, Arc::new(cluster))
+        .load_with(spec, Arc::new(cluster), options)
         .await
         .map_err(|e| OperatorError::Provider(format!("{}: {e}", spec.component.display())))?;
     startup::check_loaded(&provider)?;
@@ -100,8 +105,9 @@ pub(crate) async fn load_spec(
 pub(crate) async fn load_provider(
     config: &mut OperatorConfig,
     client: kube::Client,
+    fence: cro_runtime::Fence,
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
     let spec = provider_spec(config, |k| std::env::var(k).ok())?;
     config.credentials = spec.grants.secret.clone();
-    load_spec(&spec, client).await
+    load_spec(&spec, client, Some(fence)).await
 }

@@ -91,8 +91,17 @@ pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: 
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     let mut tick = tokio::time::interval(w.options.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut held = w.registry.tenure().announced();
     loop {
         tokio::select! {
+            // A provider newly held here: its status (and finalizer) are this replica's
+            // to write from now on.
+            Ok(()) = held.changed() => {
+                let all: Vec<CdiProvider> = w.objects.values().cloned().collect();
+                for o in all {
+                    w.reconcile(o, false).await;
+                }
+            }
             event = events.next() => match event {
                 None => return,
                 Some(Err(e)) => tracing::debug!(error = %e, "CdiProvider watch interrupted"),
@@ -129,11 +138,17 @@ impl Watcher {
             selector: object.spec.node_selector.clone(),
             default: object.spec.default,
         });
+        // Every replica loads every provider (any of them may take its Lease); only the
+        // one holding it writes its status, finalizer and Events: its call counts are
+        // the ones that mean something, and replicas would overwrite each other.
+        let writes = self.registry.tenure().check(&name).is_ok();
         if object.metadata.deletion_timestamp.is_some() {
-            self.deleting(&object, &slot).await;
+            if writes {
+                self.deleting(&object, &slot).await;
+            }
             return;
         }
-        if !object.finalizers().iter().any(|f| f == FINALIZER) {
+        if writes && !object.finalizers().iter().any(|f| f == FINALIZER) {
             self.add_finalizer(&object).await;
         }
         let key = component_key(&object);
@@ -170,7 +185,7 @@ impl Watcher {
         self.known.insert(name.clone(), known);
         // Status is written when something was done or at a resync (call counts), not
         // for every event: each write is itself an event.
-        if must_apply || resync || !generation_reported {
+        if writes && (must_apply || resync || !generation_reported) {
             self.write_status(&object, &observed).await;
         }
     }
@@ -250,7 +265,8 @@ impl Watcher {
             ));
         }
         let digest = fetched.digest.clone();
-        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched)
+        let fence = self.registry.fence(&name);
+        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched, fence)
             .await
             .map_err(|e| (e, Some(digest)))?;
         Ok(Some((loaded.provider, loaded.digest)))

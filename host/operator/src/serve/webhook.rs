@@ -471,6 +471,7 @@ async fn review_provider(
             let label = match refusal {
                 ProviderRefusal::Overlap { .. } => "provider_overlap",
                 ProviderRefusal::SecondDefault { .. } => "second_default",
+                ProviderRefusal::NameTooLong { .. } => "name_too_long",
             };
             deny(response, "denied", Some(label), refusal.to_string())
         }

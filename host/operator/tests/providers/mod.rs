@@ -22,6 +22,9 @@ use serde_json::json;
 
 use crate::common::{CONVERGE, Env, OPERATOR_NS, eventually, gpu};
 
+// Several replicas sharing the providers (process/shards.rs): a test of its own module.
+mod replicas;
+
 /// The FTI provider's spec for `env`'s fabric, as the Go environment defines it, with
 /// the CA given inline (a CdiProvider has no files).
 fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use cro_api::{
     ComposabilityRequest, ComposabilityRequestStatus, ComposableResource, ComposableResourceSpec,
-    CroObjectExt, FINALIZER, LABEL_MANAGED_BY, RequestState, ResourceState,
+    CroObjectExt, FINALIZER, LABEL_MANAGED_BY, LABEL_PROVIDER, RequestState, ResourceState,
 };
 use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
@@ -132,14 +132,22 @@ async fn create_missing(
                 force_detach: spec.force_detach,
             },
         );
-        obj.metadata.labels = Some(BTreeMap::from([(
-            LABEL_MANAGED_BY.to_owned(),
-            req.name_any(),
-        )]));
+        let mut labels = BTreeMap::from([(LABEL_MANAGED_BY.to_owned(), req.name_any())]);
+        // The replica holding this provider's Lease reconciles it (unrouted now: the
+        // routing loop labels it once the node routes).
+        let provider = ctx.provider_of(&entry.node_name);
+        if let Some(p) = &provider {
+            labels.insert(LABEL_PROVIDER.to_owned(), p.clone());
+        }
+        obj.metadata.labels = Some(labels);
         obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
-        // Its first attach then writes no annotations (adopt: the records).
+        // Its first attach then writes no annotations (adopt: the records), when it is
+        // made by the process the provider's Lease names now.
         let node = ctx.caches.node(&entry.node_name);
-        obj.metadata.annotations = Some(records_at_creation(node.as_deref()));
+        let holder = provider
+            .as_deref()
+            .and_then(|p| ctx.registry.tenure().holder_of(p));
+        obj.metadata.annotations = Some(records_at_creation(node.as_deref(), holder.as_ref()));
         match resources.create(&PostParams::default(), &obj).await {
             Ok(_) => {
                 tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");

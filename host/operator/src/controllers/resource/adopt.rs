@@ -46,6 +46,7 @@ use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch::FIELD_MANAGER;
 use crate::provider::node_machine::{ANNOTATION_NODE_MACHINE, NodeMachine};
+use crate::provider::tenure::LeaseHolder;
 use crate::provider::{
     NodeGuard, Operation, ProviderResult, add_request, claims, device_type, to_domain,
 };
@@ -54,7 +55,8 @@ use crate::provider::{
 pub const ANNOTATION_ATTACH_ATTEMPT: &str = "cro.hpsys.ibm.ie.com/attach-attempt";
 
 /// This operator process; the provider's memory of requests in progress ends with it.
-static PROCESS: LazyLock<String> = LazyLock::new(|| uuid::Uuid::new_v4().to_string());
+static PROCESS: LazyLock<String> =
+    LazyLock::new(|| crate::provider::tenure::process_id().to_owned());
 
 /// The resources this process has asked the fabric to attach a device for and whose ids
 /// are not stored yet: while a resource's record names this process, an unknown outcome
@@ -79,11 +81,25 @@ fn note_asked(resource: &str, asked: bool) {
 }
 
 /// The annotations a new resource is created with, so that its first attach writes none:
-/// the attempt record of this process (no attach asked for yet) and, when known, the
-/// machine of its target node `node` (what [`add`] would otherwise write first).
-pub(crate) fn records_at_creation(node: Option<&Node>) -> BTreeMap<String, String> {
+/// the attempt record of the process that will make the attach (no attach asked for
+/// yet), and, when known, the machine of its target node `node` (what [`add`] would
+/// otherwise write first). The attach is made by the replica holding the provider's
+/// Lease, `holder` (its identity and process, from the Lease; None: this process): a
+/// record naming any other process would make the attach look for a lost device first.
+pub(crate) fn records_at_creation(
+    node: Option<&Node>,
+    holder: Option<&LeaseHolder>,
+) -> BTreeMap<String, String> {
     let mut records = BTreeMap::new();
-    if let Ok(record) = serde_json::to_string(&Attempt::here(Known::Unknown)) {
+    let record = match holder {
+        Some(h) => Attempt {
+            process: h.process.clone(),
+            outcome: Known::Unknown,
+            holder: Some(h.identity.clone()),
+        },
+        None => Attempt::here(Known::Unknown, None),
+    };
+    if let Ok(record) = serde_json::to_string(&record) {
         records.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), record);
     }
     if let Some(machine) = node.and_then(NodeMachine::of_node) {
@@ -107,13 +123,18 @@ pub(crate) enum Known {
 pub(crate) struct Attempt {
     pub(crate) process: String,
     pub(crate) outcome: Known,
+    /// The replica that asks, as its provider Lease names it (with several replicas):
+    /// who acts on the device, for whoever reads the object after a failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) holder: Option<String>,
 }
 
 impl Attempt {
-    fn here(outcome: Known) -> Attempt {
+    fn here(outcome: Known, holder: Option<&str>) -> Attempt {
         Attempt {
             process: PROCESS.clone(),
             outcome,
+            holder: holder.map(str::to_owned),
         }
     }
 }
@@ -124,6 +145,7 @@ pub(crate) fn recorded(res: &ComposableResource) -> Option<Attempt> {
     Some(serde_json::from_str(raw).unwrap_or_else(|_| Attempt {
         process: String::new(),
         outcome: Known::Unknown,
+        holder: None,
     }))
 }
 
@@ -279,8 +301,10 @@ pub(crate) async fn add(
     }
     // Recorded before the call: if this process dies during it, the next one looks
     // first. A request this process's provider tracks ("in progress") needs no new one.
-    let tracked = Attempt::here(Known::InProgress);
-    let unknown = Attempt::here(Known::Unknown);
+    let tenure = ctx.registry.tenure();
+    let holder = tenure.is_leased().then(|| tenure.identity());
+    let tracked = Attempt::here(Known::InProgress, holder);
+    let unknown = Attempt::here(Known::Unknown, holder);
     let record = if attempt.as_ref() == Some(&tracked) {
         Record::Keep
     } else {
@@ -371,6 +395,7 @@ mod tests {
         let at = |process: &str, outcome| Attempt {
             process: process.into(),
             outcome,
+            holder: None,
         };
         for asked in [false, true] {
             assert!(!must_look_first(None, "p1", asked));
@@ -476,11 +501,36 @@ mod tests {
         r.annotations_mut()
             .insert(ANNOTATION_ATTACH_ATTEMPT.into(), "garbage".into());
         assert_eq!(recorded(&r).map(|a| a.outcome), Some(Known::Unknown));
-        let a = Attempt::here(Known::InProgress);
+        let a = Attempt::here(Known::InProgress, Some("replica-1"));
         r.annotations_mut().insert(
             ANNOTATION_ATTACH_ATTEMPT.into(),
             serde_json::to_string(&a).unwrap(),
         );
         assert_eq!(recorded(&r), Some(a));
+        // A record of a cro before replicas shared work reads without a holder.
+        r.annotations_mut().insert(
+            ANNOTATION_ATTACH_ATTEMPT.into(),
+            r#"{"process":"p0","outcome":"unknown"}"#.into(),
+        );
+        assert_eq!(recorded(&r).and_then(|a| a.holder), None);
+    }
+
+    #[test]
+    fn the_record_made_with_a_resource_names_the_process_that_will_attach() {
+        let holder = LeaseHolder {
+            identity: "replica-2".into(),
+            process: "p-of-replica-2".into(),
+        };
+        let records = records_at_creation(None, Some(&holder));
+        let a: Attempt = serde_json::from_str(&records[ANNOTATION_ATTACH_ATTEMPT]).unwrap();
+        assert_eq!(a.process, "p-of-replica-2");
+        assert_eq!(a.holder.as_deref(), Some("replica-2"));
+        // That process has not asked yet: its first attach does not look first.
+        assert!(!must_look_first(Some(&a), "p-of-replica-2", false));
+        // Another process (the holder changed meanwhile) does.
+        assert!(must_look_first(Some(&a), "p-of-replica-3", false));
+        let alone = records_at_creation(None, None);
+        let a: Attempt = serde_json::from_str(&alone[ANNOTATION_ATTACH_ATTEMPT]).unwrap();
+        assert_eq!(a.process, *PROCESS);
     }
 }

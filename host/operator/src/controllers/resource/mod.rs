@@ -235,18 +235,24 @@ fn waits_on_driver(res: &ComposableResource) -> bool {
         )
 }
 
-/// Builds the controller: resources, plus Nodes so that a node's removal (or a change of
-/// what a resource reads of it, `triggers::resource_view`) reaches the devices on it at
-/// once, plus the GPU operator's driver pods so that a driver pod
-/// becoming Ready wakes the attaches waiting on its node at once (their poll interval
-/// stays as the fallback).
+/// Builds the controller of the resources of `provider` (those labelled with it: the
+/// replica holding the provider's Lease runs it, crate::process::shards): resources,
+/// plus Nodes so that a node's removal (or a change of what a resource reads of it,
+/// `triggers::resource_view`) reaches the devices on it at once, plus the GPU
+/// operator's driver pods so that a driver pod becoming Ready wakes the attaches
+/// waiting on its node at once (their poll interval stays as the fallback). Started
+/// when the Lease is taken, it lists the provider's resources and reconciles each: a
+/// resource left mid-step by the previous holder is finished here.
 pub(crate) fn controller(
     ctx: Arc<Context>,
+    provider: &str,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> impl futures::Future<Output = ()> {
     let client = ctx.client.clone();
     let resources: Api<ComposableResource> = Api::all(client.clone());
-    let controller = Controller::new(resources, watcher::Config::default());
+    let mine =
+        watcher::Config::default().labels(&format!("{}={provider}", cro_api::LABEL_PROVIDER));
+    let controller = Controller::new(resources, mine);
     let store = controller.store();
     let on_node = store.clone();
     controller

@@ -5,7 +5,9 @@
 //! an egress path the grants do not describe), and a redirect policy that asks the gate
 //! about every hop, so a redirect to an ungranted host is refused like a direct request.
 //! Every request's timeout is capped by what is left of the call's deadline; reply bodies
-//! are read up to `limits.max_response_bytes`.
+//! are read up to `limits.max_response_bytes`. The gate's fence ([`crate::gate::Fence`])
+//! is asked right before each request, redirect hops included, is handed to `reqwest`:
+//! the last moment before the fabric sees it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +40,12 @@ impl std::fmt::Display for RedirectDenied {
 }
 
 impl std::error::Error for RedirectDenied {}
+
+/// The fence's refusal of a redirect hop, found again in the error's source chain: the
+/// hop is not sent, and the guest gets a connection failure like a fenced first request.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RedirectFenced(String);
 
 impl HttpEgress {
     pub(crate) fn new(
@@ -79,12 +87,18 @@ impl HttpEgress {
                 grants: &granted,
                 url: attempt.url(),
             };
-            match gate.check(&hop) {
+            if let Err(denial) = gate.check(&hop) {
+                let message = format!("{denial} (redirect from {})", quote(&from));
+                return attempt.error(RedirectDenied(message));
+            }
+            // A hop is a new request, made after the previous reply came back: the
+            // process may have lost the right to act meanwhile.
+            match gate.fence_allows() {
                 Ok(()) => attempt.follow(),
-                Err(denial) => {
-                    let message = format!("{denial} (redirect from {})", quote(&from));
-                    attempt.error(RedirectDenied(message))
-                }
+                Err(reason) => attempt.error(RedirectFenced(format!(
+                    "{reason} (redirect from {})",
+                    quote(&from)
+                ))),
             }
         });
         let client = reqwest::Client::builder()
@@ -132,10 +146,12 @@ impl HttpEgress {
         Ok(url)
     }
 
-    /// Sends `request` to `url`, which [`HttpEgress::check`] allowed. `Err` means the
-    /// call's deadline passed while waiting: the call is over.
+    /// Sends `request` to `url`, which [`HttpEgress::check`] allowed, if `gate`'s fence
+    /// still allows it. `Err` means the call's deadline passed while waiting: the call is
+    /// over.
     pub(crate) async fn send_checked(
         &self,
+        gate: &Gate,
         url: Url,
         request: Request,
         remaining: Duration,
@@ -165,6 +181,11 @@ impl HttpEgress {
             Ok(b) => b,
             Err(e) => return Ok(Err(e)),
         };
+        // Asked here, after everything else, so nothing but the client's own work lies
+        // between the fence's answer and the request leaving.
+        if let Err(reason) = gate.fence_allows() {
+            return Ok(Err(not_sent(&reason)));
+        }
         match self.exchange(builder).await {
             Ok(result) => Ok(result),
             Err(e) if e.is_timeout() && capped => Err(DeadlineExceeded),
@@ -225,6 +246,12 @@ fn with_headers(
     Ok(builder)
 }
 
+/// A request the fence refused: a connection failure, not `denied` (no grant is missing,
+/// and the guest should treat it like a fabric it cannot reach right now).
+fn not_sent(reason: &str) -> HttpError {
+    HttpError::Connect(format!("not sent: {reason}"))
+}
+
 fn method(m: Method) -> reqwest::Method {
     match m {
         Method::Get => reqwest::Method::GET,
@@ -271,6 +298,9 @@ fn classify(e: &reqwest::Error) -> HttpError {
     let all = causes(e);
     if let Some(denied) = all.iter().find_map(|c| c.downcast_ref::<RedirectDenied>()) {
         return HttpError::Denied(denied.0.clone());
+    }
+    if let Some(fenced) = all.iter().find_map(|c| c.downcast_ref::<RedirectFenced>()) {
+        return not_sent(&fenced.0);
     }
     if e.is_timeout() {
         return HttpError::Timeout;

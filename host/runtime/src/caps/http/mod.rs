@@ -2,7 +2,8 @@
 //! ([`grant`]), the provider's client ([`egress`]), the `cro:provider/http` host function
 //! and its bindings (`wit`), and its part of the report (`report`). Budgets: the call's
 //! deadline caps every request, reply bodies are bounded by `limits.max_response_bytes`,
-//! and framing/routing headers are refused by the gate.
+//! and framing/routing headers are refused by the gate. The gate's fence, when the
+//! embedder gave one, is asked right before each request leaves (`egress`).
 
 pub(crate) mod egress;
 pub mod grant;
@@ -151,7 +152,12 @@ impl wit::Host for HttpCall {
         });
         let sent = until_deadline(self.deadline, async {
             match checked {
-                Ok(url) => shared.egress.send_checked(url, request, remaining).await,
+                Ok(url) => {
+                    shared
+                        .egress
+                        .send_checked(&shared.gate, url, request, remaining)
+                        .await
+                }
                 Err(e) => Ok(Err(e)),
             }
         })
