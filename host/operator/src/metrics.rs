@@ -198,6 +198,7 @@ pub struct Metrics {
     orphans_released: Counter,
     attach_adoptions: Counter,
     leader: Gauge,
+    providers_held: Gauge,
     /// Set once: a scraper tells a restarted process from one that kept running.
     _start_time: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
@@ -278,6 +279,12 @@ impl Metrics {
                 r,
                 "leader",
                 "1 while this instance holds the leader Lease",
+                Gauge::default(),
+            ),
+            providers_held: registered(
+                r,
+                "providers_held",
+                "Providers whose work this replica does now (their Leases held; all of them without leader election)",
                 Gauge::default(),
             ),
             _start_time: {
@@ -364,6 +371,11 @@ impl Metrics {
 
     pub(crate) fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    pub(crate) fn set_providers_held(&self, held: usize) {
+        self.providers_held
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// Exports the capability denials `source` counts (the provider's gate).
@@ -527,6 +539,7 @@ mod tests {
         m.provider_call("add_resource", "in_progress", Duration::from_millis(20));
         m.admission("denied", Some("duplicate_samenode"));
         m.set_leader(true);
+        m.set_providers_held(2);
         let text = m.encode();
         for line in [
             "cro_reconciles_total{controller=\"resource\",outcome=\"ok\"} 1",
@@ -536,6 +549,7 @@ mod tests {
             "cro_provider_call_duration_seconds_count{operation=\"add_resource\"} 1",
             "cro_admission_denials_total{reason=\"duplicate_samenode\"} 1",
             "cro_leader 1",
+            "cro_providers_held 2",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -443,7 +443,14 @@ fn start_replica_work(
     let period = le
         .as_ref()
         .map_or(ctx.config.timings.poll_interval, |l| l.renew_period);
-    let shards = Shards::new(ctx.client.clone(), registry.clone(), tenure, le, start_work);
+    let shards = Shards::new(
+        ctx.client.clone(),
+        ctx.metrics.clone(),
+        registry.clone(),
+        tenure,
+        le,
+        start_work,
+    );
     workers.spawn(shards.run(period, stop.clone()));
     let (sync_ctx, sync_stop) = (ctx.clone(), stop.clone());
     workers.spawn(async move { sync::run(&sync_ctx, sync_stop).await });

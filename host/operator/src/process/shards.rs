@@ -27,6 +27,7 @@ use super::leader::LeaderElector;
 use super::signals::{Signal, signal};
 use crate::config::LeaderElectionConfig;
 use crate::decide::shards::{self, Holder, View};
+use crate::metrics::Metrics;
 use crate::provider::tenure::{LeaseHolder, Tenure, process_id};
 use crate::registry::Registry;
 
@@ -55,6 +56,7 @@ struct Running {
 const SAFETY: f64 = 1.0 / 3.0;
 
 pub(crate) struct Shards {
+    metrics: Arc<Metrics>,
     registry: Arc<Registry>,
     tenure: Arc<Tenure>,
     start_work: StartWork,
@@ -141,6 +143,7 @@ impl Leases {
 impl Shards {
     pub(crate) fn new(
         client: kube::Client,
+        metrics: Arc<Metrics>,
         registry: Arc<Registry>,
         tenure: Arc<Tenure>,
         leader_election: Option<LeaderElectionConfig>,
@@ -165,6 +168,7 @@ impl Shards {
             }
         });
         Shards {
+            metrics,
             registry,
             tenure,
             start_work,
@@ -207,6 +211,7 @@ impl Shards {
             .cloned()
             .collect();
         self.follow(&held).await;
+        self.metrics.set_providers_held(held.len());
         self.tenure.announce(held);
     }
 
@@ -278,10 +283,10 @@ impl Shards {
         {
             tracing::warn!(error = %leases.member.describe_error(&e), "replicas: cannot renew this replica's membership");
         }
-        let members = Self::live_members(leases, &by_name, &me, &member_name);
+        let (members, replicas) = Self::members(leases, &by_name, &me, &member_name);
         let (holders, known) = Self::holders(leases, &by_name, providers, &me);
         self.tenure.set_holders(known);
-        let foreign = Self::foreign_leader(leases, &members).await;
+        let foreign = Self::foreign_leader(leases, &replicas).await;
         let plan = match &foreign {
             // Another operator leads (the Go operator, an older cro): it acts on every
             // device, so no replica here may act on any.
@@ -365,9 +370,10 @@ impl Shards {
         }
     }
 
-    /// The holder of the leader Lease when it is live and not a cro replica (it has no
-    /// membership Lease): the Go operator, or a cro from before replicas shared work.
-    async fn foreign_leader(leases: &mut Leases, members: &BTreeSet<String>) -> Option<String> {
+    /// The holder of the leader Lease when it is live and not a cro replica (no
+    /// membership Lease names it, live or not: a paused cro leader is still one of us):
+    /// the Go operator, or a cro from before replicas shared work.
+    async fn foreign_leader(leases: &mut Leases, replicas: &BTreeSet<String>) -> Option<String> {
         let name = leases.config.lease_name.clone();
         let lease = match leases.api.get_opt(&name).await {
             Ok(l) => l?,
@@ -378,31 +384,36 @@ impl Shards {
         };
         let seen = leases.elector(&name, BTreeMap::new()).sees(Some(&lease));
         match (seen.holder, seen.expired) {
-            (Some(h), false) if !members.contains(&h) => Some(h),
+            (Some(h), false) if !replicas.contains(&h) => Some(h),
             _ => None,
         }
     }
 
     /// The replicas whose membership Lease this replica has seen renewed within its
-    /// duration (this one always).
-    fn live_members(
+    /// duration (this one always), and every replica a membership Lease names, live or
+    /// not.
+    fn members(
         leases: &mut Leases,
         by_name: &BTreeMap<String, Lease>,
         me: &str,
         member_name: &str,
-    ) -> BTreeSet<String> {
-        let mut members = BTreeSet::from([me.to_owned()]);
+    ) -> (BTreeSet<String>, BTreeSet<String>) {
+        let mut live = BTreeSet::from([me.to_owned()]);
+        let mut named = live.clone();
         let prefix = format!("{}-member-", leases.config.lease_name);
         for (name, lease) in by_name {
             if name == member_name || !name.starts_with(&prefix) {
                 continue;
             }
             let seen = leases.elector(name, BTreeMap::new()).sees(Some(lease));
-            if let (Some(holder), false) = (seen.holder, seen.expired) {
-                members.insert(holder);
+            if let Some(holder) = seen.holder {
+                if !seen.expired {
+                    live.insert(holder.clone());
+                }
+                named.insert(holder);
             }
         }
-        members
+        (live, named)
     }
 
     /// Each provider's holder as this replica judges it, and who the Leases name (with
@@ -454,6 +465,7 @@ impl Shards {
             self.tenure.drop_provider(p);
         }
         self.tenure.announce(Vec::new());
+        self.metrics.set_providers_held(0);
         let Some(leases) = self.leases.as_mut() else {
             return;
         };

@@ -24,12 +24,14 @@ use node_sim::replica::{ApiAccess, ReplicaProcess, ReplicaSpec};
 use super::{create_provider, fti_bytes, fti_spec_for, label_node, pool, put_component};
 use crate::common::{CONVERGE, Env, MODEL, OPERATOR_NS, Rng, eventually, gpu};
 
-/// A replica, when this binary is started as one; nothing otherwise.
+/// A replica process: the sharding test starts this binary again on this entry (with
+/// `--ignored` and the replica's spec in `CRO_REPLICA_SPEC`). Not a test of its own.
 #[test]
+#[ignore = "a replica process of the sharding test, started by it"]
 fn replica_entry() {
-    if let Some(ended) = node_sim::replica::main_from_env() {
-        ended.expect("the replica failed");
-    }
+    let ended = node_sim::replica::main_from_env()
+        .expect("started without CRO_REPLICA_SPEC: the sharding test starts this entry");
+    ended.expect("the replica failed");
 }
 
 const PROVIDERS: usize = 4;
@@ -163,6 +165,7 @@ impl Replicas {
         let args = [
             "--exact",
             "providers::replicas::replica_entry",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ];
