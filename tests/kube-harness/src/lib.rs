@@ -45,7 +45,7 @@ pub use binaries::{Binaries, BinariesError, locate as locate_binaries};
 pub use cleanup::{DIR_PREFIX, sweep_stale_dirs};
 pub use control_plane::{StartError, StartupTimings};
 pub use crds::{CrdInstallError, install_crds, read_crd_dir};
-pub use process::pid_alive;
+pub use process::{pid_alive, spawn_tied};
 
 use control_plane::LocalControlPlane;
 

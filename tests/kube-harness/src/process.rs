@@ -34,6 +34,16 @@ fn spawner() -> io::Result<mpsc::Sender<SpawnRequest>> {
     Ok(tx.lock().unwrap_or_else(|p| p.into_inner()).clone())
 }
 
+/// Starts `command` in its own process group, killed when this process dies (forked by
+/// the one spawner thread, see the module's documentation). For other test crates'
+/// children too (the replica processes of node-sim).
+pub fn spawn_tied(command: Command) -> io::Result<Child> {
+    let gone = || io::Error::other("the kube-harness spawner thread is gone");
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner()?.send((command, reply_tx)).map_err(|_| gone())?;
+    reply_rx.recv().map_err(|_| gone())?
+}
+
 fn spawn_here(command: &mut Command) -> io::Result<Child> {
     let parent = std::process::id() as libc::pid_t;
     command.process_group(0);
@@ -81,13 +91,7 @@ impl Supervised {
 
     /// Starts `command` in its own process group, tied to the life of this process.
     pub fn spawn(name: &'static str, command: Command) -> io::Result<Self> {
-        let (reply_tx, reply_rx) = mpsc::channel();
-        spawner()?
-            .send((command, reply_tx))
-            .map_err(|_| io::Error::other("the kube-harness spawner thread is gone"))?;
-        let child = reply_rx
-            .recv()
-            .map_err(|_| io::Error::other("the kube-harness spawner thread is gone"))??;
+        let child = spawn_tied(command)?;
         Ok(Self {
             name,
             child,

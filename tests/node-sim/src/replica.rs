@@ -25,10 +25,9 @@
 use std::ffi::OsStr;
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -191,8 +190,9 @@ pub struct ReplicaTimings {
 }
 
 impl ReplicaTimings {
-    /// What the operator's end-to-end tests run an in-process operator with
-    /// (host/operator/tests/common, `fast_timings`).
+    /// What the operator's end-to-end tests run every operator with, in-process
+    /// (host/operator/tests/common, `fast_timings`) or as a replica process: short
+    /// periods and backoffs, and no orphan released within a test.
     pub fn fast() -> Self {
         Self {
             sync_period: Duration::from_millis(500),
@@ -480,7 +480,7 @@ impl ReplicaProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let child = spawn_tied(command).map_err(|source| ReplicaError::Spawn {
+        let child = kube_harness::spawn_tied(command).map_err(|source| ReplicaError::Spawn {
             identity: spec.identity.clone(),
             source,
         })?;
@@ -706,68 +706,6 @@ pub fn proc_state(pid: u32) -> Option<char> {
     // read after the last ')'.
     let (_, rest) = stat.rsplit_once(')')?;
     rest.trim_start().chars().next()
-}
-
-type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
-
-/// Spawns `command` in its own process group, to be killed when this process dies.
-/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, and a test's
-/// threads come and go (a runtime's blocking pool, a test's own thread), so children
-/// are forked by one thread that lives as long as the process (as kube-harness does
-/// for the API server).
-fn spawn_tied(command: Command) -> io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    let gone = || io::Error::other("the replica spawner thread is gone");
-    let spawner = match SPAWNER.get() {
-        Some(tx) => tx,
-        None => {
-            let (tx, rx) = mpsc::channel::<SpawnRequest>();
-            std::thread::Builder::new()
-                .name("replica-spawner".into())
-                .spawn(move || {
-                    // Ends only when every sender is gone, which the static one never is.
-                    for (mut command, reply) in rx {
-                        let _ = reply.send(spawn_here(&mut command));
-                    }
-                })?;
-            // Another thread may have won the race: its spawner is used and ours ends.
-            SPAWNER.get_or_init(|| Mutex::new(tx))
-        }
-    };
-    let tx = spawner
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    let (reply_tx, reply_rx) = mpsc::channel();
-    tx.send((command, reply_tx)).map_err(|_| gone())?;
-    reply_rx.recv().map_err(|_| gone())?
-}
-
-fn spawn_here(command: &mut Command) -> io::Result<Child> {
-    let parent = std::process::id() as libc::pid_t;
-    command.process_group(0);
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid) without allocating.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent died before prctl took effect: nobody would ever kill this child.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-    command.spawn()
 }
 
 #[cfg(test)]

@@ -102,18 +102,12 @@ where
     }
 }
 
+/// The timings every in-process operator of the tests runs with; replica processes get
+/// the same (node_sim::replica::ReplicaTimings::fast).
 pub fn fast_timings() -> Timings {
-    Timings {
-        sync_period: Duration::from_millis(500),
-        orphan_grace: Duration::from_secs(3600),
-        health_period: Duration::from_secs(2),
-        poll_interval: Duration::from_millis(200),
-        rescan_interval: Duration::from_secs(1),
-        backoff_base: Duration::from_millis(100),
-        backoff_max: Duration::from_secs(2),
-        mirror_delay: Duration::from_millis(300),
-        pool_period: Duration::from_millis(500),
-    }
+    let mut timings = Timings::default();
+    node_sim::replica::ReplicaTimings::fast().apply(&mut timings);
+    timings
 }
 
 /// The operator task and the sender that stops it.
