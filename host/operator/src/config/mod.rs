@@ -379,7 +379,8 @@ pub struct RunArgs {
     #[arg(long, env = "CRO_MAX_BACKOFF", default_value = "5m")]
     pub max_backoff: String,
     /// Reconciliations each controller runs at once (at least 1; never two of one
-    /// object). Bounds the operator's memory and API connections under a burst.
+    /// object): the requests', and the resources' of all the providers this replica
+    /// holds together. Bounds the operator's memory and API connections under a burst.
     #[arg(long, env = "CRO_MAX_CONCURRENT_RECONCILES", default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES)]
     pub max_concurrent_reconciles: u16,
     /// Address of /metrics, /healthz and /readyz ("" or "0" disables it; ":8080" means

@@ -31,6 +31,10 @@ pub(crate) struct Context {
     pub(crate) dra: Option<DraApis>,
     /// Watch caches of resources, requests and nodes; filled once `caches.run` runs.
     pub(crate) caches: Caches,
+    /// The resource reconciles this replica runs at once, over all the providers it
+    /// holds (each provider has a controller of its own, crate::process::shards):
+    /// `max_concurrent_reconciles` stays one bound per replica, as with one controller.
+    pub(crate) resource_slots: tokio::sync::Semaphore,
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     rescans: Mutex<HashMap<String, Instant>>,
@@ -74,6 +78,7 @@ impl Context {
                 instance: std::env::var("POD_NAME").ok(),
             },
         );
+        let slots = usize::from(config.max_concurrent_reconciles.max(1));
         // Every node command passes the provider fence, as every fabric call does.
         let runner: Arc<dyn CommandRunner> = Arc::new(FencedRunner::new(runner, registry.clone()));
         let provider: Arc<dyn DeviceProvider> = registry.clone();
@@ -87,6 +92,7 @@ impl Context {
             metrics,
             dra,
             caches: Caches::default(),
+            resource_slots: tokio::sync::Semaphore::new(slots),
             recorder,
             failures: Mutex::default(),
             rescans: Mutex::default(),

@@ -44,6 +44,13 @@ pub(crate) async fn reconcile(
     obj: Arc<ComposableResource>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
+    // One bound for the replica, whichever provider's controller this is; the semaphore
+    // is never closed, so a failure here would be a bug, not a reason to skip the object.
+    let _slot = ctx
+        .resource_slots
+        .acquire()
+        .await
+        .map_err(|e| ReconcileError::Invalid(format!("reconcile slots: {e}")))?;
     let Some(fresh) = reconcile::current(&ctx, obj).await? else {
         return Ok(Action::await_change());
     };
