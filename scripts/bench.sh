@@ -9,6 +9,7 @@
 #   CRO_BENCH_SIZES="10:5:50 100:50:50" scripts/bench.sh   # other N:M:latency runs
 #   CRO_BENCH_REAL_NODE=5 scripts/bench.sh   # 5 requests on the real node (default 10; 0 skips)
 #   CRO_BENCH_DRA=8:3 scripts/bench.sh       # 8 claim Pods against a pool of 3 (default 6:2; 0 skips)
+#   CRO_BENCH_REPLICAS=200:500:4 scripts/bench.sh   # replicas: devices:latency-ms:kills (default 1000:500:10; 0 skips)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -40,6 +41,10 @@ REAL_NODE=$((10#$REAL_NODE))
 # holds fewer); 0 skips it.
 DRA="${CRO_BENCH_DRA:-6:2}"
 [[ "$DRA" == 0 || "$DRA" =~ ^[0-9]+:[0-9]+$ ]] || { echo "CRO_BENCH_DRA must be PODS:POOL or 0, not $DRA" >&2; exit 1; }
+# Replicas sharing four providers: devices (N/2 requests of 2 GPUs), fabric latency (ms)
+# and SIGKILLs of a provider's holder; 0 skips the stage.
+REPLICAS="${CRO_BENCH_REPLICAS:-1000:500:10}"
+[[ "$REPLICAS" == 0 || "$REPLICAS" =~ ^[0-9]+:[0-9]+:[0-9]+$ ]] || { echo "CRO_BENCH_REPLICAS must be DEVICES:LATENCY_MS:KILLS or 0, not $REPLICAS" >&2; exit 1; }
 
 step "control-plane binaries"
 BIN_DIR="$("$ROOT/tests/control-plane/ensure-binaries.sh" | tail -n 1)"
@@ -103,7 +108,7 @@ python_free_json() { sed 's/\\/\\\\/g; s/"/\\"/g'; }
   printf ',"kube":"%s"' "$(lockver kube)"
   printf ',"apiserver":"%s"' "$(basename "$(dirname "$BIN_DIR")")"
   printf ',"commit":"%s"' "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  printf ',"mode":"cluster runs: %s build, sizes %s, real node %s; criterion: bench profile, %s"}\n' "$PROFILE" "$SIZES" "$REAL_NODE" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-100 samples, 3 s each after 1 s of warm-up}"
+  printf ',"mode":"cluster runs: %s build, sizes %s, real node %s, replicas %s; criterion: bench profile, %s"}\n' "$PROFILE" "$SIZES" "$REAL_NODE" "$REPLICAS" "${CRO_BENCH_QUICK:+quick (10 samples, 1 s each)}${CRO_BENCH_QUICK:-100 samples, 3 s each after 1 s of warm-up}"
 } >> "$RESULTS"
 
 # The operator's and simulators' logs stay off: stdout carries the JSON lines.
@@ -147,6 +152,19 @@ if [[ "$DRA" != 0 ]]; then
     why="$(grep -v '^note: ' "$OUT/dra.err" | tail -n 1 || true)"
     echo "DRA run failed: $why" >&2
     printf '{"kind":"real_node_dra_failed","pods":%s,"pool":%s,"error":"%s"}\n' "$pods" "$pool" "$(printf '%s' "$why" | python_free_json)" >> "$RESULTS"
+  fi
+fi
+
+if [[ "$REPLICAS" != 0 ]]; then
+  IFS=: read -r rd rl rk <<< "$REPLICAS"
+  step "replicas: $rd devices over 4 providers with 1, 2 and 4 replicas, $rl ms fabric latency; $rk SIGKILLs of a provider's holder"
+  # The replicas are processes of cro-bench itself (`cro-bench replica`); their logs
+  # go under target/bench/replicas. A failed stage is recorded like the others.
+  rm -rf "$OUT/replicas"
+  if ! CRO_BENCH_REPLICA_LOGS="$OUT/replicas" "$BENCH" replicas "$rd" "$rl" "$rk" 2> "$OUT/replicas.err" | grep '^{' >> "$RESULTS"; then
+    why="$(tail -n 1 "$OUT/replicas.err")"
+    echo "replicas run failed: $why" >&2
+    printf '{"kind":"replicas_failed","devices":%s,"latency_ms":%s,"kills":%s,"error":"%s"}\n' "$rd" "$rl" "$rk" "$(printf '%s' "$why" | python_free_json)" >> "$RESULTS"
   fi
 fi
 

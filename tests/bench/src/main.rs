@@ -12,6 +12,14 @@
 //!   GPU each against a pool of M < N, on the real one-node cluster with the real
 //!   scheduler, `cro run` and `cro kubelet-plugin` as processes; prints one JSON line
 //!   (each step's times, the waves, what was left).
+//! - `cro-bench replicas <devices> <latency-ms> <kills>`: replicas sharing four providers
+//!   (each its own FTI simulator and node pool), the replicas processes of their own
+//!   (`cro-bench replica`): time to all Running and to all detached for N devices with
+//!   1, 2 and 4 replicas, and failover per provider (SIGKILL of its holder → the new
+//!   holder's Lease and first fabric call), median and max over `kills`; prints one
+//!   JSON line.
+//! - `cro-bench replica`: one operator replica (internal: `replicas` starts it, its spec
+//!   in `CRO_REPLICA_SPEC`).
 //! - `cro-bench report <results.jsonl> <criterion dir>`: the report, Markdown on stdout.
 //!
 //! scripts/bench.sh runs them all.
@@ -26,6 +34,7 @@ mod dra;
 mod gomodel;
 mod memory;
 mod real_node;
+mod replicas;
 mod report;
 mod rss;
 
@@ -33,7 +42,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench real-node <requests>\n       cro-bench real-node-dra <pods> <pool>\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
+        "usage: cro-bench converge <requests> <nodes> <latency-ms>\n       cro-bench memory\n       cro-bench real-node <requests>\n       cro-bench real-node-dra <pods> <pool>\n       cro-bench replicas <devices> <latency-ms> <kills>\n       cro-bench replica   (internal)\n       cro-bench memory-stage <stage>   (internal)\n       cro-bench report <results.jsonl> <criterion-dir>"
     );
     ExitCode::from(2)
 }
@@ -59,6 +68,11 @@ fn main() -> ExitCode {
             (Ok(n), Ok(m)) => dra::main(n, m),
             _ => return usage(),
         },
+        ["replicas", n, l, k] => match (n.parse(), l.parse(), k.parse()) {
+            (Ok(n), Ok(l), Ok(k)) => replicas::main(n, l, k),
+            _ => return usage(),
+        },
+        ["replica"] => replicas::replica(),
         ["memory-stage", stage] => memory::stage(stage),
         ["report", results, criterion] => report::main(results.as_ref(), criterion.as_ref()),
         _ => return usage(),

@@ -1,5 +1,5 @@
 //! The report: Markdown from the run's JSON lines (`meta`, `converge`, `memory`,
-//! `real_node`) and criterion's estimates. Every figure in it comes from this run.
+//! `real_node`, `real_node_dra`, `replicas`) and criterion's estimates. Every figure in it comes from this run.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -84,6 +84,7 @@ pub fn main(results: &Path, criterion: &Path) -> Result<()> {
     }
     real_node(&mut o, &lines)?;
     real_node_dra(&mut o, &lines)?;
+    replicas(&mut o, &lines)?;
     goals(&mut o, &calls, &runs, mem)?;
     print!("{o}");
     Ok(())
@@ -585,6 +586,168 @@ fn real_node_dra(o: &mut String, lines: &[Value]) -> Result<()> {
         r["leftovers"],
         r["operator_exit_code"]
     )?;
+    Ok(())
+}
+
+/// "12.3 s", or how far a replicas phase got by its deadline.
+fn replicas_phase(r: &Value, row: &Value, phase: &str, objects: &str) -> String {
+    match row.get(format!("{phase}_s")).and_then(Value::as_f64) {
+        Some(t) => format!("{t:.1} s"),
+        None => format!(
+            "not done after {} s ({} {objects} left)",
+            r["phase_deadline_s"],
+            row[format!("{phase}_left")]
+        ),
+    }
+}
+
+/// `{"replica-0": 12, ...}` as "replica-0 12, ..." (`fmt` formats each value).
+fn per_replica(v: &Value, fmt: impl Fn(&Value) -> String) -> String {
+    v.as_object().map_or("n/a".into(), |m| {
+        m.iter()
+            .map(|(k, v)| format!("{k}: {}", fmt(v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
+/// Two per-replica maps side by side: "replica-0 12 / 10, replica-1 ..." over every
+/// replica either names (0 where one does not).
+fn up_down(up: &Value, down: &Value, fmt: impl Fn(&Value) -> String) -> String {
+    let mut names: Vec<&String> = up
+        .as_object()
+        .into_iter()
+        .chain(down.as_object())
+        .flat_map(|m| m.keys())
+        .collect();
+    names.sort();
+    names.dedup();
+    let zero = Value::from(0);
+    names
+        .iter()
+        .map(|n| {
+            let get = |m: &Value| fmt(m.get(n.as_str()).unwrap_or(&zero));
+            format!("{n}: {} / {}", get(up), get(down))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Replicas sharing the providers: time to Running and to detached with 1, 2 and 4
+/// replicas, and failover per provider.
+fn replicas(o: &mut String, lines: &[Value]) -> Result<()> {
+    for r in of(lines, "replicas_failed") {
+        writeln!(
+            o,
+            "### Replicas\n\nThe replicas stage ({} devices, {} ms, {} kills) did not finish: {}\n",
+            r["devices"],
+            r["latency_ms"],
+            r["kills"],
+            r["error"].as_str().unwrap_or("?")
+        )?;
+    }
+    let Some(r) = of(lines, "replicas").next() else {
+        return Ok(());
+    };
+    writeln!(
+        o,
+        "### Replicas (four providers, each its own FTI simulator and node pool; each replica a process of its own)\n"
+    )?;
+    writeln!(
+        o,
+        "{} devices as {} requests × 2 GPUs, request i on node i mod {} ({} per provider, {} nodes each), {} ms per fabric call; provider Leases of {} s renewed every {} s (the operator's default is 15 s and 5 s); every other setting the operator's default: `max_concurrent_reconciles` {} (a replica's resource reconciles over all its providers), a provider's `max_concurrent_calls` {}; {} build. Each replica count on a fresh API server, timed from the first request sent (and from the first deletion).\n",
+        r["devices"],
+        r["requests"],
+        f(r, "nodes_per_provider") * f(r, "providers"),
+        f(r, "devices") / f(r, "providers"),
+        r["nodes_per_provider"],
+        r["latency_ms"],
+        r["lease_duration_s"],
+        r["renew_period_s"],
+        r["max_concurrent_reconciles"],
+        r["max_concurrent_calls"],
+        r["build"].as_str().unwrap_or("?"),
+    )?;
+    writeln!(
+        o,
+        "| replicas | to Running | to detached (resources gone, fabrics empty) | Leases per replica | fabric calls per replica, up / down | CPU per replica, up / down |\n|---|---|---|---|---|---|"
+    )?;
+    for row in r["scaling"].as_array().into_iter().flatten() {
+        if let Some(e) = row["error"].as_str() {
+            writeln!(o, "| {} | failed: {e} | | | | |", row["replicas"])?;
+            continue;
+        }
+        let leases = per_replica(&row["leases"], |v| {
+            v.as_array().map_or(0, Vec::len).to_string()
+        });
+        // The leader also runs the request controller.
+        let leases = match row["leader"].as_str() {
+            Some(l) => leases.replacen(&format!("{l}:"), &format!("{l} (leader):"), 1),
+            None => leases,
+        };
+        let calls = up_down(&row["calls_up"], &row["calls_down"], |v| {
+            v.as_u64().unwrap_or(0).to_string()
+        });
+        let cpu = up_down(&row["cpu_up_s"], &row["cpu_down_s"], |v| {
+            format!("{:.1}", v.as_f64().unwrap_or(0.0))
+        });
+        writeln!(
+            o,
+            "| {} | {} | {} | {}{} | {calls} | {cpu} s |",
+            row["replicas"],
+            replicas_phase(r, row, "up", "requests"),
+            replicas_phase(r, row, "down", "requests, resources and attached devices"),
+            leases,
+            if row["leases_moved"].as_bool() == Some(true) {
+                " (moved while measuring)"
+            } else {
+                ""
+            },
+        )?;
+    }
+    let fo = &r["failover"];
+    if let Some(e) = fo["error"].as_str() {
+        writeln!(o, "\nThe failover run did not finish: {e}\n")?;
+        return Ok(());
+    }
+    writeln!(
+        o,
+        "\nFailover: {} SIGKILLs of a provider's holder (the provider whose turn it is, its holder read from the Lease), {} replicas over the 4 providers, a request of 1 GPU created every 2 s and deleted 12 s later throughout; just before each kill a request of 1 GPU on one of that provider's nodes, the holder killed as soon as the request's ComposableResource exists (its attach in flight). {} of the killed replicas also led (the request controller moved with them). After each a new replica (a new identity) is started and the next kill waits until the shares settled. Times from the kill (system clock; the Lease's `acquireTime` is written by the new holder on the same machine):\n",
+        fo["kills"], fo["replicas"], fo["victims_leading"]
+    )?;
+    writeln!(
+        o,
+        "| from the SIGKILL to | n | median | max |\n|---|---|---|---|"
+    )?;
+    for (k, what) in [
+        (
+            "takeover",
+            "takeover: the new holder's `acquireTime` in the provider's Lease",
+        ),
+        (
+            "first_act",
+            "first act: the provider's fabric receives a call from another replica",
+        ),
+        (
+            "pending_running",
+            "the request made just before the kill Running",
+        ),
+    ] {
+        let s = &fo[k];
+        let sec = |key: &str| {
+            s[key]
+                .as_f64()
+                .map_or("-".to_owned(), |v| format!("{v:.2} s"))
+        };
+        writeln!(
+            o,
+            "| {what} | {} | {} | {} |",
+            s["n"],
+            sec("median_s"),
+            sec("max_s")
+        )?;
+    }
+    writeln!(o)?;
     Ok(())
 }
 

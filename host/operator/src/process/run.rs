@@ -281,8 +281,8 @@ impl Operator {
         let outcome = if stopped_early {
             Ok(())
         } else {
-            start_replica_work(&ctx, &self.registry, tenure, &mut workers, &stop);
-            match self.lead(shutdown.as_mut()).await {
+            start_replica_work(&ctx, &self.registry, tenure.clone(), &mut workers, &stop);
+            match self.lead(&tenure, shutdown.as_mut()).await {
                 Led::Leading(l) => {
                     leadership = l;
                     start_leader_work(&ctx, &mut workers, &stop);
@@ -303,14 +303,18 @@ impl Operator {
     }
 
     /// Waits until this replica leads (at once without leader election), or shutdown.
-    async fn lead<F: Future<Output = ()>>(&self, shutdown: Pin<&mut F>) -> Led {
+    async fn lead<F: Future<Output = ()>>(&self, tenure: &Tenure, shutdown: Pin<&mut F>) -> Led {
         let Some(le) = self.config.leader_election.clone() else {
             return Led::Leading(None);
         };
         let metrics = self.metrics.clone();
-        let acquired = leader::acquire(self.client.clone(), le, move |leading| {
-            metrics.set_leader(leading)
-        });
+        let client = self.client.clone();
+        // Only once this replica's membership Lease is written: the other replicas then
+        // know the leader as one of them, not as a foreign operator.
+        let acquired = async move {
+            tenure.after_first_round().await;
+            leader::acquire(client, le, move |leading| metrics.set_leader(leading)).await
+        };
         tokio::select! {
             l = acquired => match l {
                 Ok(l) => Led::Leading(Some(l)),

@@ -39,8 +39,15 @@ const ANNOTATION_PROVIDER: &str = "cro.hpsys.ibm.ie.com/provider";
 /// that provider names the process that will attach it (crate::controllers::resource).
 const ANNOTATION_PROCESS: &str = "cro.hpsys.ibm.ie.com/holder-process";
 
-/// How long the work of a provider being given up may take to finish its reconciles.
-const STOP_WORK_GRACE: Duration = Duration::from_secs(20);
+/// Annotation on a replica's membership Lease: its identity, kept when the Lease is
+/// released (a replica that stopped is still known as one of cro's, not a foreign one).
+const ANNOTATION_REPLICA: &str = "cro.hpsys.ibm.ie.com/replica";
+
+/// How long the work of a provider being given up may take to finish its reconciles
+/// before it is aborted (safe: every step stores its plan before acting). Short: the
+/// round waits for it, and at shutdown the Leases must be released within the process's
+/// own stop grace (crate::process::run).
+const STOP_WORK_GRACE: Duration = Duration::from_secs(5);
 
 /// Starts a provider's work; it runs until the signal resolves.
 pub(crate) type StartWork = Arc<dyn Fn(String, Signal) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -158,10 +165,10 @@ impl Shards {
                 api: Api::namespaced(client.clone(), &config.namespace),
                 member: LeaderElector::new(client.clone(), member_config)
                     .with_labels(labels)
-                    .with_annotations(BTreeMap::from([(
-                        ANNOTATION_PROCESS.to_owned(),
-                        process_id().to_owned(),
-                    )])),
+                    .with_annotations(BTreeMap::from([
+                        (ANNOTATION_PROCESS.to_owned(), process_id().to_owned()),
+                        (ANNOTATION_REPLICA.to_owned(), config.identity.clone()),
+                    ])),
                 client,
                 config,
                 electors: BTreeMap::new(),
@@ -213,6 +220,7 @@ impl Shards {
         self.follow(&held).await;
         self.metrics.set_providers_held(held.len());
         self.tenure.announce(held);
+        self.tenure.round_done();
     }
 
     /// Starts the work of providers newly held and stops that of providers no longer held.
@@ -248,6 +256,9 @@ impl Shards {
         {
             tracing::warn!(provider, grace = ?STOP_WORK_GRACE, "the provider's work did not stop in time; aborted");
             task.abort();
+            // Aborted work runs no further step: awaited, it is over for sure, and only
+            // then is the provider's Lease given up.
+            let _ = task.await;
         }
         tracing::info!(provider, "provider's work stopped here");
     }
@@ -259,6 +270,16 @@ impl Shards {
         // Taken before anything is read: a renewal lets this replica act for the lease
         // duration (less the margin) from before it was even sent.
         let sent = Instant::now();
+        // The leader Lease is read before the replicas' Leases: a replica leads only
+        // after its membership Lease exists, so the listing after this read shows it.
+        let leader_name = leases.config.lease_name.clone();
+        let leader = match leases.api.get_opt(&leader_name).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %leases.member.describe_error(&e), "replicas: cannot read the leader Lease");
+                return;
+            }
+        };
         let selector = format!("{LABEL_LEASES_OF}={}", leases_of(&leases.config.lease_name));
         let listed = match leases
             .api
@@ -286,7 +307,7 @@ impl Shards {
         let (members, replicas) = Self::members(leases, &by_name, &me, &member_name);
         let (holders, known) = Self::holders(leases, &by_name, providers, &me);
         self.tenure.set_holders(known);
-        let foreign = Self::foreign_leader(leases, &replicas).await;
+        let foreign = Self::foreign_leader(leases, leader.as_ref(), &replicas);
         let plan = match &foreign {
             // Another operator leads (the Go operator, an older cro): it acts on every
             // device, so no replica here may act on any.
@@ -312,23 +333,6 @@ impl Shards {
             }),
         };
         self.foreign_said = foreign.is_some();
-        for p in &plan.release {
-            self.stop_work(p).await;
-            self.tenure.drop_provider(p);
-            let Some(leases) = self.leases.as_mut() else {
-                return;
-            };
-            let name = leases.provider_lease(p);
-            let elector = leases.elector(&name, BTreeMap::new());
-            match elector.release().await {
-                Ok(()) => {
-                    tracing::info!(provider = %p, "gave up the provider's Lease (fair share)")
-                }
-                Err(e) => {
-                    tracing::warn!(provider = %p, error = %elector.describe_error(&e), "cannot give up the provider's Lease; it expires")
-                }
-            }
-        }
         let Some(leases) = self.leases.as_mut() else {
             return;
         };
@@ -361,6 +365,25 @@ impl Shards {
                 }
             }
         }
+        // Given up last: stopping a provider's work may wait for its reconciles, and the
+        // Leases kept must be renewed first, or their fences would lapse meanwhile.
+        for p in &plan.release {
+            self.stop_work(p).await;
+            self.tenure.drop_provider(p);
+            let Some(leases) = self.leases.as_mut() else {
+                return;
+            };
+            let name = leases.provider_lease(p);
+            let elector = leases.elector(&name, BTreeMap::new());
+            match elector.release().await {
+                Ok(()) => {
+                    tracing::info!(provider = %p, "gave up the provider's Lease (fair share)")
+                }
+                Err(e) => {
+                    tracing::warn!(provider = %p, error = %elector.describe_error(&e), "cannot give up the provider's Lease; it expires")
+                }
+            }
+        }
         // Held here but neither renewed nor taken (a provider that went away): stop.
         for p in providers
             .iter()
@@ -373,16 +396,13 @@ impl Shards {
     /// The holder of the leader Lease when it is live and not a cro replica (no
     /// membership Lease names it, live or not: a paused cro leader is still one of us):
     /// the Go operator, or a cro from before replicas shared work.
-    async fn foreign_leader(leases: &mut Leases, replicas: &BTreeSet<String>) -> Option<String> {
+    fn foreign_leader(
+        leases: &mut Leases,
+        lease: Option<&Lease>,
+        replicas: &BTreeSet<String>,
+    ) -> Option<String> {
         let name = leases.config.lease_name.clone();
-        let lease = match leases.api.get_opt(&name).await {
-            Ok(l) => l?,
-            Err(e) => {
-                tracing::debug!(error = %leases.member.describe_error(&e), "replicas: cannot read the leader Lease");
-                return None;
-            }
-        };
-        let seen = leases.elector(&name, BTreeMap::new()).sees(Some(&lease));
+        let seen = leases.elector(&name, BTreeMap::new()).sees(Some(lease?));
         match (seen.holder, seen.expired) {
             (Some(h), false) if !replicas.contains(&h) => Some(h),
             _ => None,
@@ -404,6 +424,9 @@ impl Shards {
         for (name, lease) in by_name {
             if name == member_name || !name.starts_with(&prefix) {
                 continue;
+            }
+            if let Some(replica) = lease.annotations().get(ANNOTATION_REPLICA) {
+                named.insert(replica.clone());
             }
             let seen = leases.elector(name, BTreeMap::new()).sees(Some(lease));
             if let Some(holder) = seen.holder {
@@ -460,9 +483,22 @@ impl Shards {
     /// up, so that the others take over at once rather than after the lease duration.
     async fn give_everything_up(&mut self) {
         let running: Vec<String> = self.running.keys().cloned().collect();
-        for p in &running {
-            self.stop_work(p).await;
-            self.tenure.drop_provider(p);
+        // All at once: one grace for all, not one per provider.
+        let stops: Vec<_> = std::mem::take(&mut self.running).into_iter().collect();
+        let mut tasks = Vec::new();
+        for (p, r) in stops {
+            let _ = r.stop.send(());
+            tasks.push((p, r.task));
+        }
+        let deadline = tokio::time::Instant::now() + STOP_WORK_GRACE;
+        for (p, mut task) in tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::warn!(provider = %p, grace = ?STOP_WORK_GRACE, "the provider's work did not stop in time; aborted");
+                task.abort();
+                // Aborted work runs no further step: awaited, it is over for sure.
+                let _ = task.await;
+            }
+            self.tenure.drop_provider(&p);
         }
         self.tenure.announce(Vec::new());
         self.metrics.set_providers_held(0);

@@ -62,6 +62,8 @@ pub struct Tenure {
     held: watch::Sender<Vec<String>>,
     /// Every provider's holder as the last read of the Leases found it.
     holders: Mutex<BTreeMap<String, LeaseHolder>>,
+    /// Rounds of the Leases done (the first one writes this replica's membership).
+    rounds: watch::Sender<u64>,
 }
 
 impl Tenure {
@@ -72,6 +74,7 @@ impl Tenure {
             mode: Mode::Everything,
             held: watch::Sender::new(Vec::new()),
             holders: Mutex::default(),
+            rounds: watch::Sender::new(0),
         }
     }
 
@@ -82,6 +85,7 @@ impl Tenure {
             mode: Mode::Leased(Mutex::default()),
             held: watch::Sender::new(Vec::new()),
             holders: Mutex::default(),
+            rounds: watch::Sender::new(0),
         }
     }
 
@@ -155,6 +159,18 @@ impl Tenure {
 
     pub(crate) fn set_holders(&self, holders: BTreeMap<String, LeaseHolder>) {
         *self.holders.lock().unwrap_or_else(PoisonError::into_inner) = holders;
+    }
+
+    /// One more round of the Leases is done.
+    pub(crate) fn round_done(&self) {
+        self.rounds.send_modify(|n| *n = n.saturating_add(1));
+    }
+
+    /// Resolves once the first round is done: this replica's membership Lease is
+    /// written, so it may lead (a leader without one would read as a foreign operator).
+    pub(crate) async fn after_first_round(&self) {
+        let mut rounds = self.rounds.subscribe();
+        let _ = rounds.wait_for(|n| *n > 0).await;
     }
 
     /// The providers whose work runs, as last announced.

@@ -279,6 +279,14 @@ pub(crate) async fn add(
 ) -> Result<ProviderResult<AddOutcome>, ReconcileError> {
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let name = res.name_any();
+    // Not holding the provider's Lease now: nothing is recorded and nothing asked, so
+    // the outcome stays known (a record left "unknown" would make the next attach list
+    // the whole fabric first). The registry asks the fence again at the call.
+    if ctx.registry.tenure().is_leased()
+        && let Err(why) = ctx.registry.fence_node(&res.spec.target_node)
+    {
+        return Ok(Err(CallError::Provider(ProviderError::Unavailable(why))));
+    }
     let attempt = recorded(res);
     // What the node's resources hold, for the provider to tell its device from another's.
     let held = ctx.caches.node_resources(&ctx.client, res).await?;
