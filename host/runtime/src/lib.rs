@@ -63,10 +63,10 @@
 //! # Why a custom `http` interface rather than `wasi:http`
 //!
 //! Providers send HTTP through the contract's own `cro:provider/http` interface, backed by
-//! one `reqwest` client per provider; `wasi:http` is deliberately not in the linker.
+//! one pooled `hyper` client per provider; `wasi:http` is deliberately not in the linker.
 //! A single synchronous `send(request) -> result<response, http-error>` is the whole
 //! surface: the gate sees the complete URL before any connection exists, every redirect
-//! hop goes through the same gate (reqwest's redirect policy), timeouts are capped by the
+//! hop goes through the same gate (the egress follows redirects itself), timeouts are capped by the
 //! call's deadline in one place, the reply body is bounded, and a refusal is a typed
 //! `denied` error naming the missing grant rather than an opaque I/O failure. `wasi:http`
 //! would bring streams, resources and futures whose every path (outgoing handler, body

@@ -546,7 +546,9 @@ async fn a_closed_fence_keeps_requests_off_the_wire() {
         fenced("lease of testkit expired")
     );
     assert_eq!(hits.load(Ordering::SeqCst), 1);
-    assert_eq!(switch.asked.load(Ordering::SeqCst), 3);
+    // Each request is asked once before it is handed to the client; the one sent was
+    // asked once more, by its connection's write (head and body leave in one write).
+    assert_eq!(switch.asked.load(Ordering::SeqCst), 4);
 
     // The grants come first: an ungranted request is denied as always, and the fence
     // is not even asked.
@@ -602,7 +604,8 @@ async fn a_fence_closed_mid_call_stops_the_next_request() {
     let provider = load_fenced(&looping, switch.fence()).await;
     provider.add(&AddRequest::new(gpu("a"))).await.unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 1);
-    assert_eq!(switch.asked.load(Ordering::SeqCst), 5);
+    // Five requests asked, and the first one's write.
+    assert_eq!(switch.asked.load(Ordering::SeqCst), 6);
     assert_eq!(provider.denials().total(), 0);
 
     // A redirect hop is a new request: the first reply closed the fence, so the hop to
@@ -623,4 +626,81 @@ async fn a_fence_closed_mid_call_stops_the_next_request() {
     );
     assert_eq!(hits.load(Ordering::SeqCst), 1);
     assert_eq!(provider.denials().total(), 0);
+}
+
+/// A fence answering from a script, one answer per ask in order (refusing once the
+/// script runs out), counting the asks.
+fn scripted(answers: &[bool]) -> (Fence, Arc<AtomicUsize>) {
+    let answers: Arc<[bool]> = answers.into();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let fence: Fence = Arc::new(move || {
+        let n = count.fetch_add(1, Ordering::SeqCst);
+        if answers.get(n).copied().unwrap_or(false) {
+            Ok(())
+        } else {
+            Err("lease of testkit moved".into())
+        }
+    });
+    (fence, asked)
+}
+
+/// The window between a request's check and its first byte (where a process paused by
+/// SIGSTOP and resumed after its Lease moved would otherwise send under the old Lease):
+/// the connection asks the fence again before each write, so a fence closed after the
+/// request's check keeps the request off the wire, on a new connection and on a pooled
+/// one alike, and the guest gets the same "not sent" as a request refused up front.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_closed_after_the_check_stops_the_write() {
+    let (addr, hits, _) = sink().await;
+    let spec = http_spec(
+        &format!("http://{addr}/attach"),
+        Some(&format!("http://{addr}")),
+        &[],
+    );
+    let a = AddRequest::new(gpu("a"));
+
+    // A new connection: the request's check passes, its connection's write is refused.
+    let (fence, asked) = scripted(&[true]);
+    let provider = load_fenced(&spec, fence).await;
+    assert_eq!(
+        provider.add(&a).await.unwrap_err(),
+        fenced("lease of testkit moved")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    assert_eq!(provider.denials().total(), 0);
+
+    // A pooled connection: the first request goes out (check, write) and leaves its
+    // connection idle; the second passes its check and is refused at the write.
+    let (fence, asked) = scripted(&[true, true, true]);
+    let provider = load_fenced(&spec, fence).await;
+    assert_eq!(provider.add(&a).await.unwrap(), reply("200 ok"));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        provider.add(&a).await.unwrap_err(),
+        fenced("lease of testkit moved")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(asked.load(Ordering::SeqCst), 4);
+}
+
+/// Over TLS the fence sits under the TLS layer: a fence closed after the request's check
+/// stops the handshake's first write, and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_closed_after_the_check_stops_a_tls_handshake() {
+    let tls = test_tls();
+    let addr = serve_tls(tls.server.clone(), "secure").await;
+    let mut spec = spec("http", &[("url", &format!("https://{addr}/"))]);
+    spec.grants.http.push(HttpGrant {
+        url: format!("https://{addr}").parse().unwrap(),
+        ca_pem: Some(tls.ca_pem.clone().try_into().unwrap()),
+    });
+    let (fence, asked) = scripted(&[true]);
+    let provider = load_fenced(&spec, fence).await;
+    assert_eq!(
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap_err(),
+        fenced("lease of testkit moved")
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
 }

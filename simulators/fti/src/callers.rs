@@ -78,22 +78,43 @@ impl PidResolver {
     }
 
     /// The name of the known process owning the socket whose local address is `peer`.
+    /// Looked up again a few times before giving up: `/proc/net/tcp` is generated a page
+    /// at a time while sockets come and go, so one read may miss a line.
     pub fn resolve(&self, peer: SocketAddr) -> Option<String> {
-        let names = self.names();
-        let owner = owner_of(peer, names.keys().copied())?;
-        names.get(&owner).cloned()
+        for attempt in 0..RESOLVE_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(RESOLVE_RETRY);
+            }
+            let names = self.names();
+            if let Some(name) = owner_of(peer, names.keys().copied()).and_then(|o| names.get(&o)) {
+                return Some(name.clone());
+            }
+        }
+        None
     }
 
-    /// This resolver as the simulator takes it.
+    /// This resolver as the simulator takes it. A connection it cannot name is said on
+    /// stderr with what was found of it (the socket, and which process on the machine
+    /// owns it), so a test that sees an unknown caller can tell why.
     pub fn resolver(&self) -> CallerResolver {
         let this = self.clone();
-        Arc::new(move |peer| this.resolve(peer))
+        Arc::new(move |peer| {
+            let name = this.resolve(peer);
+            if name.is_none() {
+                eprintln!("fabric-sim: caller of {peer} not named: {}", explain(peer));
+            }
+            name
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, String>> {
         sim_kit::lock(&self.names)
     }
 }
+
+/// How often [`PidResolver::resolve`] looks, and how long it waits between looks.
+const RESOLVE_ATTEMPTS: usize = 4;
+const RESOLVE_RETRY: std::time::Duration = std::time::Duration::from_millis(15);
 
 /// Which of `pids` owns the TCP socket whose local address is `local`; None if none
 /// does, or the socket is not found.
@@ -121,6 +142,35 @@ pub fn socket_inode(local: SocketAddr) -> io::Result<Option<u64>> {
         }
     }
     read_any.unwrap_or(Ok(None))
+}
+
+/// What can be found of the client socket `local`: its inode, and the process (of all on
+/// the machine) that owns it, by pid and command line.
+pub fn explain(local: SocketAddr) -> String {
+    let inode = match socket_inode(local) {
+        Ok(Some(inode)) => inode,
+        Ok(None) => return "no open socket has that address".into(),
+        Err(e) => return format!("cannot read /proc/net/tcp: {e}"),
+    };
+    let pids = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    let owners: Vec<String> = pids
+        .filter(|&pid| owns_socket(pid, inode))
+        .map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            format!("pid {pid} ({})", cmdline.trim())
+        })
+        .collect();
+    if owners.is_empty() {
+        format!("socket inode {inode}, owned by no process")
+    } else {
+        format!("socket inode {inode}, owned by {}", owners.join(", "))
+    }
 }
 
 /// Whether `/proc/<pid>/fd/` has a link to `socket:[inode]`. False for a process that

@@ -287,9 +287,16 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     progress(began, "operator started and idle");
 
     let bench = Bench::watching(&env, counts, began).await?;
+    let cpu_start = apiserver_cpu_seconds(&env.client).await;
     let (up, per_node) = up_phase(&env, &bench, n, m).await?;
+    let cpu_up = apiserver_cpu_seconds(&env.client).await;
     env.sim.clear_requests();
     let down = down_phase(&env, &bench, n).await;
+    let cpu_down = apiserver_cpu_seconds(&env.client).await;
+    let cpu_used = |a: &Result<f64>, b: &Result<f64>| match (a, b) {
+        (Ok(a), Ok(b)) => Some(b - a),
+        _ => None,
+    };
     let (_, hwm) = rss();
     let peak_rss = *bench
         .peak
@@ -328,7 +335,31 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
         "go_up_s": go.up, "go_down_s": go.down,
         "rss_before_operator": rss_before_operator,
         "rss_idle": rss_idle, "rss_peak_sampled": peak_rss, "rss_hwm": hwm,
+        "apiserver_cpu_up_s": cpu_used(&cpu_start, &cpu_up),
+        "apiserver_cpu_down_s": cpu_used(&cpu_up, &cpu_down),
+        "apiserver_cpu_error": cpu_start.and(cpu_up).and(cpu_down).err().map(|e| format!("{e:#}")),
     }))
+}
+
+/// The API server's own CPU time so far (user + system), from its metrics
+/// (`process_cpu_seconds_total`): on 2 cores it is what sets the pace, so each phase
+/// reports what it cost the API server. Includes what the benchmark's own watches and
+/// the node simulation ask of it; the operator's writes are most of it.
+async fn apiserver_cpu_seconds(client: &kube::Client) -> Result<f64> {
+    let request = hyper::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("GET /metrics from the API server")?;
+    process_cpu_seconds(&text).context("no process_cpu_seconds_total in the API server's metrics")
+}
+
+/// `process_cpu_seconds_total` from a Prometheus text exposition.
+fn process_cpu_seconds(metrics: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix("process_cpu_seconds_total ")?;
+        value.trim().parse().ok()
+    })
 }
 
 /// Starts the operator as deployed, on a client that counts its API requests, with
@@ -554,8 +585,18 @@ fn common_model() -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::kind_of;
+    use super::{kind_of, process_cpu_seconds};
     use hyper::Method;
+
+    #[test]
+    fn the_api_servers_cpu_is_read_from_its_metrics() {
+        let text = "# HELP process_cpu_seconds_total Total user and system CPU time.\n\
+                    # TYPE process_cpu_seconds_total counter\n\
+                    process_cpu_seconds_total 12.5\n\
+                    process_cpu_seconds_totalx 3\n";
+        assert_eq!(process_cpu_seconds(text), Some(12.5));
+        assert_eq!(process_cpu_seconds("process_open_fds 9\n"), None);
+    }
 
     #[test]
     fn requests_are_named_by_verb_and_kind_and_a_collection_read_is_a_list() {

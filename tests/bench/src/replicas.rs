@@ -61,6 +61,7 @@ use crate::common::{Env, MODEL, OPERATOR_NS, gpu};
 use crate::converge::{
     create_requests, delete_requests, is_running, phase_deadline, progress, watch_all,
 };
+use crate::rss::rss_of;
 
 const PROVIDERS: usize = 4;
 /// The replica counts of the throughput runs.
@@ -77,6 +78,8 @@ const NODES_PER_PROVIDER: usize = 32;
 /// replica to start.
 const SETTLE: Duration = Duration::from_secs(120);
 /// A failover's observations: the takeover and the first call after it.
+/// How long the replicas run with nothing to do before their idle RSS is read.
+const IDLE_SETTLE: Duration = Duration::from_secs(3);
 const FAILOVER_WAIT: Duration = Duration::from_secs(60);
 const LOOK: Duration = Duration::from_millis(20);
 /// How long after the last kill its request may take to run.
@@ -446,6 +449,23 @@ impl Cluster {
             .collect()
     }
 
+    /// Each live replica's resident memory now and its high-water mark so far, in MiB
+    /// (`VmRSS`, `VmHWM`): the operator alone, since a replica is a process of its own
+    /// whose node commands go to the stand-in service in this process.
+    fn rss(&self) -> BTreeMap<String, Value> {
+        const MIB: f64 = 1024.0 * 1024.0;
+        self.live
+            .iter()
+            .map(|r| {
+                let (now, peak) = rss_of(r.pid());
+                (
+                    r.identity().to_owned(),
+                    json!({"rss_mib": now as f64 / MIB, "hwm_mib": peak as f64 / MIB}),
+                )
+            })
+            .collect()
+    }
+
     /// SIGTERM to every replica (their Leases released); killed after 30 s.
     async fn stop(&mut self) {
         for mut r in self.live.drain(..) {
@@ -611,6 +631,7 @@ async fn throughput(p: &Params, replicas: usize) -> Result<Value> {
     let held_up = c.holders();
     let (calls_up, calls_up_by_provider) = c.take_calls();
     let cpu_up = c.cpu();
+    let rss_up = c.rss();
 
     let down_start = Instant::now();
     delete_requests(&requests, n).await;
@@ -624,6 +645,10 @@ async fn throughput(p: &Params, replicas: usize) -> Result<Value> {
     let held_down = c.holders();
     let (calls_down, calls_down_by_provider) = c.take_calls();
     let cpu_down = c.cpu();
+    // Idle after the run: what a replica keeps once its work is done (its peak is the
+    // high-water mark, read here too).
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let rss_idle = c.rss();
     let restarted = c.restarted.clone();
     c.stop().await;
 
@@ -649,6 +674,8 @@ async fn throughput(p: &Params, replicas: usize) -> Result<Value> {
         "calls_down_by_provider": calls_down_by_provider,
         "cpu_up_s": cpu_use(&cpu_before, &cpu_up),
         "cpu_down_s": cpu_use(&cpu_up, &cpu_down),
+        "rss_up": rss_up,
+        "rss_idle": rss_idle,
         "restarted": restarted,
     }))
 }

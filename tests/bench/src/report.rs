@@ -284,17 +284,17 @@ fn convergence(o: &mut String, lines: &[Value], runs: &[&Value]) -> Result<()> {
 fn convergence_table(o: &mut String, runs: &[&Value]) -> Result<()> {
     writeln!(
         o,
-        "| N | M | latency | to Running | physical limit | ratio | Go model | to detached | physical limit | ratio | Go model | API writes/device up / down | API reads/device up / down | fabric calls/device up / down (tokens) | s per request up | process RSS peak (rise while running) |"
+        "| N | M | latency | to Running | physical limit | ratio | Go model | to detached | physical limit | ratio | Go model | API writes/device up / down | API reads/device up / down | fabric calls/device up / down (tokens) | s per request up | process RSS peak (rise while running) | API server CPU s per 1,000 devices up / down |"
     )?;
     writeln!(
         o,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for r in runs {
         let d = f(r, "devices");
         writeln!(
             o,
-            "| {} | {} | {} ms | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({} / {}) | {:.3} | {:.0} MiB ({:.0} MiB) |",
+            "| {} | {} | {} ms | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {} | {:.1} s | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} ({} / {}) | {:.3} | {:.0} MiB ({:.0} MiB) | {} |",
             r["requests"],
             r["nodes"],
             r["latency_ms"],
@@ -317,9 +317,27 @@ fn convergence_table(o: &mut String, runs: &[&Value]) -> Result<()> {
             f(r, "up_s") / f(r, "requests"),
             f(r, "rss_peak_sampled") / MIB,
             (f(r, "rss_peak_sampled") - f(r, "rss_before_operator")) / MIB,
+            apiserver_cpu(r),
         )?;
     }
     Ok(())
+}
+
+/// "12.3 / 8.1": the API server's CPU seconds per 1,000 devices, up and down.
+fn apiserver_cpu(r: &Value) -> String {
+    let per_1000 = |key: &str| {
+        r[key].as_f64().map_or("?".into(), |s| {
+            format!("{:.1}", s * 1000.0 / f(r, "devices"))
+        })
+    };
+    match r["apiserver_cpu_error"].as_str() {
+        Some(e) => format!("not read: {e}"),
+        None => format!(
+            "{} / {}",
+            per_1000("apiserver_cpu_up_s"),
+            per_1000("apiserver_cpu_down_s")
+        ),
+    }
 }
 
 /// The operator's API requests in the `big` run by method and kind, per device, the
@@ -635,6 +653,26 @@ fn up_down(up: &Value, down: &Value, fmt: impl Fn(&Value) -> String) -> String {
 
 /// Replicas sharing the providers: time to Running and to detached with 1, 2 and 4
 /// replicas, and failover per provider.
+/// "replica-0: 61.2 / 70.3 / 58.0, …": each replica's RSS at all Running, its peak, and
+/// idle after the run.
+fn replicas_rss(up: &Value, idle: &Value) -> String {
+    let mib = |v: &Value, key: &str| v[key].as_f64().map_or("?".into(), |m| format!("{m:.1}"));
+    let Some(idle) = idle.as_object() else {
+        return "not measured".into();
+    };
+    idle.iter()
+        .map(|(name, after)| {
+            format!(
+                "{name}: {} / {} / {}",
+                mib(&up[name], "rss_mib"),
+                mib(after, "hwm_mib"),
+                mib(after, "rss_mib")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn replicas(o: &mut String, lines: &[Value]) -> Result<()> {
     for r in of(lines, "replicas_failed") {
         writeln!(
@@ -670,13 +708,14 @@ fn replicas(o: &mut String, lines: &[Value]) -> Result<()> {
     )?;
     writeln!(
         o,
-        "| replicas | to Running | to detached (resources gone, fabrics empty) | Leases per replica | fabric calls per replica, up / down | CPU per replica, up / down |\n|---|---|---|---|---|---|"
+        "| replicas | to Running | to detached (resources gone, fabrics empty) | Leases per replica | fabric calls per replica, up / down | CPU per replica, up / down | RSS per replica (the operator alone), MiB: at all Running / peak (`VmHWM`) / idle 3 s after the run |\n|---|---|---|---|---|---|---|"
     )?;
     for row in r["scaling"].as_array().into_iter().flatten() {
         if let Some(e) = row["error"].as_str() {
-            writeln!(o, "| {} | failed: {e} | | | | |", row["replicas"])?;
+            writeln!(o, "| {} | failed: {e} | | | | | |", row["replicas"])?;
             continue;
         }
+        let rss = replicas_rss(&row["rss_up"], &row["rss_idle"]);
         let leases = per_replica(&row["leases"], |v| {
             v.as_array().map_or(0, Vec::len).to_string()
         });
@@ -693,7 +732,7 @@ fn replicas(o: &mut String, lines: &[Value]) -> Result<()> {
         });
         writeln!(
             o,
-            "| {} | {} | {} | {}{} | {calls} | {cpu} s |",
+            "| {} | {} | {} | {}{} | {calls} | {cpu} s | {rss} |",
             row["replicas"],
             replicas_phase(r, row, "up", "requests"),
             replicas_phase(r, row, "down", "requests, resources and attached devices"),

@@ -10,11 +10,11 @@
 //! can move there, whatever the two clocks read. A paused process (SIGSTOP, a long GC of
 //! the machine) finds its time gone when it resumes: the monotonic clock ran on.
 //!
-//! What the fence cannot close is a pause after its last check and before the request
-//! leaves (for a new connection, its TCP and TLS handshakes lie in between); the fabric
-//! API has no fencing token to refuse a late call. The check is therefore made as late
-//! as the host can: before each call and, inside a call, before each HTTP request the
-//! provider sends (cro_runtime's gate).
+//! The check is made as late as the host can: before each call and, inside a call,
+//! before each HTTP request the provider sends and before each write of that request to
+//! its socket (cro_runtime's gate and connection). What the fence cannot close is a
+//! pause between that last check and the write's system call; the fabric API has no
+//! fencing token to refuse a late call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};

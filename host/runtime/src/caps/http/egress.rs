@@ -1,51 +1,50 @@
 //! The provider's HTTP client: the `http` import's only way out.
 //!
-//! One `reqwest` client per provider, built at load: rustls (ring) trusting the Mozilla
-//! roots plus the granted CAs, no proxy (a proxy from the operator's environment would be
-//! an egress path the grants do not describe), and a redirect policy that asks the gate
-//! about every hop, so a redirect to an ungranted host is refused like a direct request.
-//! Every request's timeout is capped by what is left of the call's deadline; reply bodies
-//! are read up to `limits.max_response_bytes`. The gate's fence ([`crate::gate::Fence`])
-//! is asked right before each request, redirect hops included, is handed to `reqwest`:
-//! the last moment before the fabric sees it.
+//! One pooled `hyper` client per provider, built at load: rustls (ring) trusting the
+//! Mozilla roots plus the granted CAs, HTTP/1.1, no proxy (a proxy from the operator's
+//! environment would be an egress path the grants do not describe). Redirects are
+//! followed here, each hop asked of the gate like a direct request, so a redirect to an
+//! ungranted host is refused. Every request's timeout is capped by what is left of the
+//! call's deadline; reply bodies are read up to `limits.max_response_bytes`. The gate's
+//! fence ([`crate::gate::Fence`]) is asked before each request (redirect hops included)
+//! and again by the connection before each write ([`super::wire`]): the last moment
+//! before the fabric sees a byte.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{HeaderName, HeaderValue};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::StatusCode;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use url::Url;
 
 use super::grant::{Header, HttpGrant, RequestTo};
+use super::wire::{FencedConnector, WriteFenced};
 use super::wit::{HttpError, Method, Request, Response};
 use crate::base::{DeadlineExceeded, quote};
 use crate::gate::Gate;
 
 const MAX_REDIRECTS: usize = 10;
+/// How long an idle pooled connection is kept for the provider's next request.
+const POOL_IDLE: Duration = Duration::from_secs(90);
 
 pub(crate) struct HttpEgress {
-    client: reqwest::Client,
+    client: Client<FencedConnector, Full<Bytes>>,
     /// What the gate checks every request and redirect against.
     grants: Arc<[HttpGrant]>,
     max_response_bytes: u64,
 }
 
-/// The redirect policy's refusal, found again in the error's source chain.
-#[derive(Debug)]
-struct RedirectDenied(String);
-
-impl std::fmt::Display for RedirectDenied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why an exchange ended without a reply for the guest.
+enum Failed {
+    /// The guest gets this error.
+    Http(HttpError),
+    /// The transport failed: classified by [`classify`].
+    Transport(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
-
-impl std::error::Error for RedirectDenied {}
-
-/// The fence's refusal of a redirect hop, found again in the error's source chain: the
-/// hop is not sent, and the guest gets a connection failure like a fenced first request.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct RedirectFenced(String);
 
 impl HttpEgress {
     pub(crate) fn new(
@@ -63,7 +62,6 @@ impl HttpEgress {
                     .map_err(|e| format!("CA of the grant for {}: {e}", grant.url))?;
             }
         }
-        let grants: Arc<[HttpGrant]> = grants.into();
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -71,49 +69,16 @@ impl HttpEgress {
         .map_err(|e| format!("TLS setup: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let granted = grants.clone();
-        let policy = reqwest::redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() >= MAX_REDIRECTS {
-                return attempt.error(RedirectDenied(format!(
-                    "more than {MAX_REDIRECTS} redirects"
-                )));
-            }
-            let from = attempt
-                .previous()
-                .last()
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            let hop = RequestTo {
-                grants: &granted,
-                url: attempt.url(),
-            };
-            if let Err(denial) = gate.check(&hop) {
-                let message = format!("{denial} (redirect from {})", quote(&from));
-                return attempt.error(RedirectDenied(message));
-            }
-            // A hop is a new request, made after the previous reply came back: the
-            // process may have lost the right to act meanwhile.
-            match gate.fence_allows() {
-                Ok(()) => attempt.follow(),
-                Err(reason) => attempt.error(RedirectFenced(format!(
-                    "{reason} (redirect from {})",
-                    quote(&from)
-                ))),
-            }
-        });
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .redirect(policy)
-            .no_proxy()
-            .build()
-            .map_err(|e| format!("HTTP client: {}", chain(&e)))?;
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(FencedConnector::new(Arc::new(tls), gate));
         Ok(HttpEgress {
             client,
-            grants,
+            grants: grants.into(),
             max_response_bytes,
         })
     }
-
     /// Whether the gate allows `request`: its URL parsed, when it does. Nothing is sent.
     pub(crate) fn check(&self, gate: &Gate, request: &Request) -> Result<Url, HttpError> {
         let url = match Url::parse(&request.url) {
@@ -172,35 +137,114 @@ impl HttpEgress {
                 Ok(Err(HttpError::Timeout))
             };
         }
-        let builder = self
-            .client
-            .request(method(request.method), url)
-            .timeout(timeout)
-            .body(request.body);
-        let builder = match with_headers(builder, &request.headers) {
-            Ok(b) => b,
+        let headers = match with_headers(&request.headers) {
+            Ok(h) => h,
             Err(e) => return Ok(Err(e)),
         };
         // Asked here, after everything else, so nothing but the client's own work lies
-        // between the fence's answer and the request leaving.
+        // between the fence's answer and the request leaving (and the connection asks
+        // again before each write).
         if let Err(reason) = gate.fence_allows() {
             return Ok(Err(not_sent(&reason)));
         }
-        match self.exchange(builder).await {
-            Ok(result) => Ok(result),
-            Err(e) if e.is_timeout() && capped => Err(DeadlineExceeded),
-            Err(e) => Ok(Err(classify(&e))),
+        let first = Hop {
+            method: method(request.method),
+            url,
+            headers,
+            body: Bytes::from(request.body),
+        };
+        match tokio::time::timeout(timeout, self.exchange(gate, first)).await {
+            Err(_elapsed) if capped => Err(DeadlineExceeded),
+            Err(_elapsed) => Ok(Err(HttpError::Timeout)),
+            Ok(Ok(response)) => Ok(Ok(response)),
+            Ok(Err(Failed::Http(e))) => Ok(Err(e)),
+            Ok(Err(Failed::Transport(e))) => Ok(Err(classify(e.as_ref()))),
         }
     }
 
-    async fn exchange(
+    /// Sends `hop` and follows redirects (each hop checked by the gate and its fence), then
+    /// reads the final reply's body up to the limit.
+    async fn exchange(&self, gate: &Gate, mut hop: Hop) -> Result<Response, Failed> {
+        let mut redirects = 0usize;
+        loop {
+            let reply = self
+                .client
+                .request(hop.to_request()?)
+                .await
+                .map_err(|e| Failed::Transport(Box::new(e)))?;
+            let Some(next) = self.redirect(gate, &hop, &reply, redirects)? else {
+                return self.read(reply).await;
+            };
+            redirects += 1;
+            hop = next;
+        }
+    }
+
+    /// The next hop if `reply` redirects, after the gate and the fence allowed it.
+    fn redirect(
         &self,
-        builder: reqwest::RequestBuilder,
-    ) -> Result<Result<Response, HttpError>, reqwest::Error> {
+        gate: &Gate,
+        hop: &Hop,
+        reply: &hyper::Response<hyper::body::Incoming>,
+        redirects: usize,
+    ) -> Result<Option<Hop>, Failed> {
+        let status = reply.status();
+        let keeps_method = match status {
+            StatusCode::MOVED_PERMANENTLY | StatusCode::FOUND | StatusCode::SEE_OTHER => false,
+            StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT => true,
+            _ => return Ok(None),
+        };
+        // A redirect without a usable Location is the reply itself, as browsers do.
+        let Some(location) = reply
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .and_then(|l| hop.url.join(l).ok())
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+        else {
+            return Ok(None);
+        };
+        let from = hop.url.to_string();
+        if redirects >= MAX_REDIRECTS {
+            return Err(Failed::Http(HttpError::Denied(format!(
+                "more than {MAX_REDIRECTS} redirects"
+            ))));
+        }
+        let to = RequestTo {
+            grants: &self.grants,
+            url: &location,
+        };
+        if let Err(denial) = gate.check(&to) {
+            return Err(Failed::Http(HttpError::Denied(format!(
+                "{denial} (redirect from {})",
+                quote(&from)
+            ))));
+        }
+        // A hop is a new request, made after the previous reply came back: the process
+        // may have lost the right to act meanwhile.
+        if let Err(reason) = gate.fence_allows() {
+            return Err(Failed::Http(not_sent(&format!(
+                "{reason} (redirect from {})",
+                quote(&from)
+            ))));
+        }
+        Ok(Some(hop.follow(location, keeps_method)))
+    }
+
+    /// The reply, its body read up to the limit.
+    async fn read(
+        &self,
+        reply: hyper::Response<hyper::body::Incoming>,
+    ) -> Result<Response, Failed> {
         let max = self.max_response_bytes;
-        let mut reply = builder.send().await?;
-        if reply.content_length().is_some_and(|n| n > max) {
-            return Ok(Err(HttpError::TooLarge(max)));
+        let too_large = || Failed::Http(HttpError::TooLarge(max));
+        let declared = reply
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            return Err(too_large());
         }
         let status = reply.status().as_u16();
         let headers = reply
@@ -213,37 +257,104 @@ impl HttpEgress {
                 )
             })
             .collect();
+        let mut incoming = reply.into_body();
         let mut body = Vec::new();
-        while let Some(chunk) = reply.chunk().await? {
-            if (body.len() + chunk.len()) as u64 > max {
-                return Ok(Err(HttpError::TooLarge(max)));
+        while let Some(frame) = incoming.frame().await {
+            let frame = frame.map_err(|e| Failed::Transport(Box::new(e)))?;
+            if let Ok(chunk) = frame.into_data() {
+                if (body.len() + chunk.len()) as u64 > max {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
             }
-            body.extend_from_slice(&chunk);
         }
-        Ok(Ok(Response {
+        Ok(Response {
             status,
             headers,
             body,
-        }))
+        })
     }
 }
 
-/// The guest's headers on the request; a name or value HTTP cannot carry is an invalid
-/// request.
-fn with_headers(
-    mut builder: reqwest::RequestBuilder,
-    headers: &[(String, String)],
-) -> Result<reqwest::RequestBuilder, HttpError> {
-    for (name, value) in headers {
+/// One request of an exchange: the guest's, or a redirect hop derived from it.
+struct Hop {
+    method: hyper::Method,
+    url: Url,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Hop {
+    fn to_request(&self) -> Result<hyper::Request<Full<Bytes>>, Failed> {
+        let mut request = hyper::Request::builder()
+            .method(self.method.clone())
+            .uri(self.url.as_str())
+            .body(Full::new(self.body.clone()))
+            .map_err(|e| {
+                Failed::Http(HttpError::InvalidRequest(format!(
+                    "`{}`: {e}",
+                    quote(self.url.as_str())
+                )))
+            })?;
+        *request.headers_mut() = self.headers.clone();
+        Ok(request)
+    }
+
+    /// The hop to `to`: 301/302/303 turn a request with a body into a body-less GET (what
+    /// every HTTP client does); 307/308 repeat it. Credentials never follow a redirect
+    /// to another origin.
+    fn follow(&self, to: Url, keeps_method: bool) -> Hop {
+        let mut headers = self.headers.clone();
+        let (method, body) =
+            if keeps_method || matches!(self.method, hyper::Method::GET | hyper::Method::HEAD) {
+                (self.method.clone(), self.body.clone())
+            } else {
+                for name in [
+                    header::CONTENT_TYPE,
+                    header::CONTENT_ENCODING,
+                    header::CONTENT_LENGTH,
+                    header::TRANSFER_ENCODING,
+                ] {
+                    headers.remove(name);
+                }
+                (hyper::Method::GET, Bytes::new())
+            };
+        if self.url.origin() != to.origin() {
+            for name in [
+                header::AUTHORIZATION,
+                header::COOKIE,
+                header::PROXY_AUTHORIZATION,
+                header::WWW_AUTHENTICATE,
+            ] {
+                headers.remove(name);
+            }
+        }
+        Hop {
+            method,
+            url: to,
+            headers,
+            body,
+        }
+    }
+}
+
+/// The guest's headers for the request (and `accept: */*` unless it names its own); a
+/// name or value HTTP cannot carry is an invalid request.
+fn with_headers(guest: &[(String, String)]) -> Result<HeaderMap, HttpError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in guest {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
             HttpError::InvalidRequest(format!("header name `{}`: {e}", quote(name)))
         })?;
         let value = HeaderValue::from_str(value).map_err(|e| {
             HttpError::InvalidRequest(format!("header `{}` value: {e}", quote(name.as_str())))
         })?;
-        builder = builder.header(name, value);
+        headers.append(name, value);
     }
-    Ok(builder)
+    if !headers.contains_key(header::ACCEPT) {
+        headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+    }
+    Ok(headers)
 }
 
 /// A request the fence refused: a connection failure, not `denied` (no grant is missing,
@@ -252,14 +363,14 @@ fn not_sent(reason: &str) -> HttpError {
     HttpError::Connect(format!("not sent: {reason}"))
 }
 
-fn method(m: Method) -> reqwest::Method {
+fn method(m: Method) -> hyper::Method {
     match m {
-        Method::Get => reqwest::Method::GET,
-        Method::Head => reqwest::Method::HEAD,
-        Method::Post => reqwest::Method::POST,
-        Method::Put => reqwest::Method::PUT,
-        Method::Patch => reqwest::Method::PATCH,
-        Method::Delete => reqwest::Method::DELETE,
+        Method::Get => hyper::Method::GET,
+        Method::Head => hyper::Method::HEAD,
+        Method::Post => hyper::Method::POST,
+        Method::Put => hyper::Method::PUT,
+        Method::Patch => hyper::Method::PATCH,
+        Method::Delete => hyper::Method::DELETE,
     }
 }
 
@@ -283,7 +394,7 @@ fn causes<'a>(
     out
 }
 
-fn chain(e: &reqwest::Error) -> String {
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in causes(e) {
         let text = cause.to_string();
@@ -294,16 +405,14 @@ fn chain(e: &reqwest::Error) -> String {
     parts.join(": ")
 }
 
-fn classify(e: &reqwest::Error) -> HttpError {
+/// What the guest is told of a failed transport: a fenced write is a request not sent, a
+/// TLS failure is `tls`, and every other failure to connect, send or read the reply
+/// (refused, reset, closed mid-reply, a reply that is not HTTP) is `connect`.
+fn classify(e: &(dyn std::error::Error + Send + Sync + 'static)) -> HttpError {
+    let e: &(dyn std::error::Error + 'static) = e;
     let all = causes(e);
-    if let Some(denied) = all.iter().find_map(|c| c.downcast_ref::<RedirectDenied>()) {
-        return HttpError::Denied(denied.0.clone());
-    }
-    if let Some(fenced) = all.iter().find_map(|c| c.downcast_ref::<RedirectFenced>()) {
+    if let Some(fenced) = all.iter().find_map(|c| c.downcast_ref::<WriteFenced>()) {
         return not_sent(&fenced.0);
-    }
-    if e.is_timeout() {
-        return HttpError::Timeout;
     }
     if all
         .iter()
@@ -311,9 +420,13 @@ fn classify(e: &reqwest::Error) -> HttpError {
     {
         return HttpError::Tls(chain(e));
     }
-    // A connection closed before or while the reply came ("incomplete message", a reset
-    // mid-body) is the WIT's `connect`: refused, reset or dropped.
-    if e.is_connect() || e.is_request() || e.is_body() {
+    let transport = all.iter().any(|c| {
+        c.downcast_ref::<hyper::Error>().is_some()
+            || c.downcast_ref::<std::io::Error>().is_some()
+            || c.downcast_ref::<hyper_util::client::legacy::Error>()
+                .is_some_and(|l| l.is_connect())
+    });
+    if transport {
         return HttpError::Connect(chain(e));
     }
     HttpError::Other(chain(e))

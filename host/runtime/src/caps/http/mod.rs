@@ -3,11 +3,13 @@
 //! and its bindings (`wit`), and its part of the report (`report`). Budgets: the call's
 //! deadline caps every request, reply bodies are bounded by `limits.max_response_bytes`,
 //! and framing/routing headers are refused by the gate. The gate's fence, when the
-//! embedder gave one, is asked right before each request leaves (`egress`).
+//! embedder gave one, is asked right before each request leaves (`egress`) and before each write to
+//! the connection (`wire`).
 
 pub(crate) mod egress;
 pub mod grant;
 mod report;
+mod wire;
 pub(crate) mod wit;
 
 use std::sync::Arc;
