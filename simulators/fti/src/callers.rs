@@ -5,13 +5,17 @@
 //! A test running several operator processes against one simulator installs a
 //! [`PidResolver`] with their pids ([`FabricSim::record_callers`](crate::FabricSim::record_callers));
 //! each call is then recorded with the name of the process it came from, so the test
-//! can check which process made which fabric call. The resolver is asked once per
-//! connection, when the simulator accepts it: the client is waiting for its handshake
-//! then, so its socket exists.
+//! can check which process made which fabric call. The resolver is asked when the
+//! simulator accepts a connection (the client is waiting for its handshake then, so its
+//! socket exists), and again at its requests while it has no name.
 //!
-//! How a peer address becomes a process (Linux): the client's socket is the one whose
-//! *local* address is the peer address the simulator sees, listed with its inode in
-//! `/proc/net/tcp` or `/proc/net/tcp6`; the process owning it has `socket:[inode]` among
+//! How a connection becomes a process (Linux): the client's socket is the one whose
+//! *local* address is the peer address the simulator sees and whose *remote* address is
+//! the simulator's side of the connection, listed with its inode in `/proc/net/tcp` or
+//! `/proc/net/tcp6` (both ends, since the kernel gives one local port to connections to
+//! different servers at once: matched by the local address alone, the sharding test saw
+//! a call named after a replica that held no Lease, and others after no process at all); the process
+//! owning it has `socket:[inode]` among
 //! the links of `/proc/<pid>/fd/`. Only the pids the test gave are looked at. Anything
 //! not found (another process, a socket already closed, no /proc) is None: recorded as
 //! an unknown caller, for the test to judge.
@@ -77,16 +81,18 @@ impl PidResolver {
         self.lock().clone()
     }
 
-    /// The name of the known process owning the socket whose local address is `peer`.
-    /// Looked up again a few times before giving up: `/proc/net/tcp` is generated a page
-    /// at a time while sockets come and go, so one read may miss a line.
-    pub fn resolve(&self, peer: SocketAddr) -> Option<String> {
+    /// The name of the known process owning the client socket of the connection from
+    /// `peer` to `server`. Looked up again a few times before giving up:
+    /// `/proc/net/tcp` is generated a page at a time while sockets come and go, so one
+    /// read may miss a line.
+    pub fn resolve(&self, peer: SocketAddr, server: SocketAddr) -> Option<String> {
         for attempt in 0..RESOLVE_ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(RESOLVE_RETRY);
             }
             let names = self.names();
-            if let Some(name) = owner_of(peer, names.keys().copied()).and_then(|o| names.get(&o)) {
+            let owner = owner_of(peer, server, names.keys().copied());
+            if let Some(name) = owner.and_then(|o| names.get(&o)) {
                 return Some(name.clone());
             }
         }
@@ -98,10 +104,13 @@ impl PidResolver {
     /// owns it), so a test that sees an unknown caller can tell why.
     pub fn resolver(&self) -> CallerResolver {
         let this = self.clone();
-        Arc::new(move |peer| {
-            let name = this.resolve(peer);
+        Arc::new(move |peer, server| {
+            let name = this.resolve(peer, server);
             if name.is_none() {
-                eprintln!("fabric-sim: caller of {peer} not named: {}", explain(peer));
+                eprintln!(
+                    "fabric-sim: caller of {peer} (to {server}) not named: {}",
+                    explain(peer, server)
+                );
             }
             name
         })
@@ -116,22 +125,29 @@ impl PidResolver {
 const RESOLVE_ATTEMPTS: usize = 4;
 const RESOLVE_RETRY: std::time::Duration = std::time::Duration::from_millis(15);
 
-/// Which of `pids` owns the TCP socket whose local address is `local`; None if none
-/// does, or the socket is not found.
-pub fn owner_of(local: SocketAddr, pids: impl IntoIterator<Item = u32>) -> Option<u32> {
-    let inode = socket_inode(local).ok().flatten()?;
+/// Which of `pids` owns the TCP socket from `local` to `remote`; None if none does, or
+/// the socket is not found.
+pub fn owner_of(
+    local: SocketAddr,
+    remote: SocketAddr,
+    pids: impl IntoIterator<Item = u32>,
+) -> Option<u32> {
+    let inode = socket_inode(local, remote).ok().flatten()?;
     pids.into_iter().find(|&pid| owns_socket(pid, inode))
 }
 
-/// The inode of the TCP socket whose local address is `local`, from `/proc/net/tcp`
-/// and `/proc/net/tcp6` (this process's network namespace). None if no open socket has
-/// that address; an error if neither table can be read.
-pub fn socket_inode(local: SocketAddr) -> io::Result<Option<u64>> {
+/// The inode of the TCP socket from `local` to `remote`, from `/proc/net/tcp` and
+/// `/proc/net/tcp6` (this process's network namespace). Both ends are matched: the
+/// kernel gives one local port to a process's connections to different servers at once,
+/// so the local address alone may find another connection's socket (another process's,
+/// or one of the same process to another server). None if no open socket is that
+/// connection; an error if neither table can be read.
+pub fn socket_inode(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>> {
     let mut read_any = None;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         match std::fs::read_to_string(table) {
             Ok(text) => {
-                if let Some(inode) = find_inode(&text, local) {
+                if let Some(inode) = find_inode(&text, local, remote) {
                     return Ok(Some(inode));
                 }
                 read_any = Some(Ok(None));
@@ -144,12 +160,12 @@ pub fn socket_inode(local: SocketAddr) -> io::Result<Option<u64>> {
     read_any.unwrap_or(Ok(None))
 }
 
-/// What can be found of the client socket `local`: its inode, and the process (of all on
-/// the machine) that owns it, by pid and command line.
-pub fn explain(local: SocketAddr) -> String {
-    let inode = match socket_inode(local) {
+/// What can be found of the client socket from `local` to `remote`: its inode, and the
+/// process (of all on the machine) that owns it, by pid and command line.
+pub fn explain(local: SocketAddr, remote: SocketAddr) -> String {
+    let inode = match socket_inode(local, remote) {
         Ok(Some(inode)) => inode,
-        Ok(None) => return "no open socket has that address".into(),
+        Ok(None) => return "no open socket is that connection".into(),
         Err(e) => return format!("cannot read /proc/net/tcp: {e}"),
     };
     let pids = std::fs::read_dir("/proc")
@@ -186,19 +202,20 @@ pub fn owns_socket(pid: u32, inode: u64) -> bool {
     })
 }
 
-/// The inode on the line of a `/proc/net/tcp{,6}` table whose local address is
-/// `local` (an IPv4 address also matches its IPv4-mapped IPv6 form: a dual-stack client
-/// socket). Lines without an inode (0: a socket in TIME_WAIT, owned by no process) are
-/// skipped.
-fn find_inode(table: &str, local: SocketAddr) -> Option<u64> {
-    let want = canonical(local);
+/// The inode on the line of a `/proc/net/tcp{,6}` table whose local address is `local`
+/// and remote address `remote` (an IPv4 address also matches its IPv4-mapped IPv6 form:
+/// a dual-stack socket). Lines without an inode (0: a socket in TIME_WAIT, owned by no
+/// process) are skipped.
+fn find_inode(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+    let want = (canonical(local), canonical(remote));
     table.lines().skip(1).find_map(|line| {
         // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid
         // timeout inode ...
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let addr = parse_address(fields.get(1)?)?;
+        let from = parse_address(fields.get(1)?)?;
+        let to = parse_address(fields.get(2)?)?;
         let inode: u64 = fields.get(9)?.parse().ok()?;
-        (inode != 0 && canonical(addr) == want).then_some(inode)
+        (inode != 0 && (canonical(from), canonical(to)) == want).then_some(inode)
     })
 }
 
@@ -278,53 +295,72 @@ mod tests {
             )
         };
         let header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
+        let elsewhere: SocketAddr = "127.0.0.1:6443".parse().unwrap();
         let table = [
             header.to_owned(),
             line(server, client, 111),
             line(client, server, 0),
+            // The same local port, another process's connection to another server.
+            line(client, elsewhere, 444),
             line(client, server, 222),
         ]
         .join("\n");
         // The server's side has the client's address as its remote one: not it; the
-        // TIME_WAIT line has no owner.
-        assert_eq!(find_inode(&table, client), Some(222));
-        assert_eq!(find_inode(&table, "127.0.0.1:1".parse().unwrap()), None);
-        // A dual-stack client socket is listed in tcp6 under the mapped address.
+        // TIME_WAIT line has no owner; the connection to another server is another.
+        assert_eq!(find_inode(&table, client, server), Some(222));
+        assert_eq!(find_inode(&table, client, elsewhere), Some(444));
+        assert_eq!(
+            find_inode(&table, client, "127.0.0.1:1".parse().unwrap()),
+            None
+        );
+        assert_eq!(
+            find_inode(&table, "127.0.0.1:1".parse().unwrap(), server),
+            None
+        );
+        // A dual-stack client socket is listed in tcp6 under the mapped addresses.
         let mapped: SocketAddr = "[::ffff:127.0.0.1]:40123".parse().unwrap();
-        let table6 = [header.to_owned(), line(mapped, server, 333)].join("\n");
-        assert_eq!(find_inode(&table6, client), Some(333));
-        assert_eq!(find_inode("", client), None);
-        assert_eq!(find_inode(&format!("{header}\n garbage"), client), None);
+        let mapped_server: SocketAddr = "[::ffff:127.0.0.1]:8443".parse().unwrap();
+        let table6 = [header.to_owned(), line(mapped, mapped_server, 333)].join("\n");
+        assert_eq!(find_inode(&table6, client, server), Some(333));
+        assert_eq!(find_inode("", client, server), None);
+        assert_eq!(
+            find_inode(&format!("{header}\n garbage"), client, server),
+            None
+        );
     }
 
     /// The real thing: a connection within this process is found as this process's.
     #[test]
     fn a_socket_of_this_process_is_found_by_its_address() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let server = listener.local_addr().unwrap();
+        let client = TcpStream::connect(server).unwrap();
         let (accepted, peer) = listener.accept().unwrap();
         // What the server sees as the peer is the client's local address.
         assert_eq!(peer, client.local_addr().unwrap());
 
         let me = std::process::id();
-        let inode = socket_inode(peer)
+        let inode = socket_inode(peer, server)
             .unwrap()
             .expect("the client socket is listed");
         assert!(owns_socket(me, inode));
-        assert_eq!(owner_of(peer, [u32::MAX, me]), Some(me));
+        assert_eq!(owner_of(peer, server, [u32::MAX, me]), Some(me));
 
         let resolver = PidResolver::new();
-        assert_eq!(resolver.resolve(peer), None, "no pid given yet");
+        assert_eq!(resolver.resolve(peer, server), None, "no pid given yet");
         resolver.insert(me, "the test");
         let shared = resolver.clone();
-        assert_eq!((shared.resolver())(peer).as_deref(), Some("the test"));
+        assert_eq!(
+            (shared.resolver())(peer, server).as_deref(),
+            Some("the test")
+        );
         assert_eq!(resolver.remove(me).as_deref(), Some("the test"));
-        assert_eq!(shared.resolve(peer), None, "clones share the set");
+        assert_eq!(shared.resolve(peer, server), None, "clones share the set");
 
         // Once closed, the socket is not found (its TIME_WAIT line has no inode).
         resolver.insert(me, "the test");
         drop(client);
         drop(accepted);
-        assert_eq!(resolver.resolve(peer), None);
+        assert_eq!(resolver.resolve(peer, server), None);
     }
 }

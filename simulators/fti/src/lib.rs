@@ -496,15 +496,16 @@ impl FabricSim {
 
     // ---- callers ----
 
-    /// Names the caller of every connection accepted from now on with `resolver`
-    /// (e.g. [`PidResolver::resolver`]: which of a test's processes owns the client's
-    /// socket); [`FabricSim::calls`] shows the names. Asked once per connection, as it
-    /// is accepted; connections open before keep no name.
+    /// Names the caller of connections with `resolver` (e.g. [`PidResolver::resolver`]:
+    /// which of a test's processes owns the client's socket); [`FabricSim::calls`] shows
+    /// the names. Asked as a connection is accepted, and again at each of its requests
+    /// while it has no name (a connection open before this is named at its next
+    /// request).
     pub fn record_callers(&self, resolver: CallerResolver) {
         self.controls().set_caller_resolver(Some(resolver));
     }
 
-    /// New connections get no caller name any more.
+    /// Connections not named yet get no caller name any more.
     pub fn stop_recording_callers(&self) {
         self.controls().set_caller_resolver(None);
     }

@@ -181,7 +181,8 @@ fn calls_are_recorded_with_their_caller() {
 
     let sim = start(SimConfig::default());
     let path = format!("/fabric_manager/api/v1/machines/{M1}");
-    // A connection accepted before callers are recorded keeps no caller.
+    // A connection accepted before callers are recorded has no caller for what it sent
+    // then; asked again at its next request, it has one.
     let mut early = TcpStream::connect(sim.http_addr()).unwrap();
     assert_eq!(request_on(&mut early, &path), 401);
 
@@ -202,7 +203,12 @@ fn calls_are_recorded_with_their_caller() {
             .iter()
             .map(|c| c.caller.as_deref())
             .collect::<Vec<_>>(),
-        [None, Some("test-process"), Some("test-process"), None]
+        [
+            None,
+            Some("test-process"),
+            Some("test-process"),
+            Some("test-process")
+        ]
     );
     assert!(calls.iter().all(|c| c.method == "GET"));
     assert_eq!(calls[1].route, Some(Route::FmGetMachine));

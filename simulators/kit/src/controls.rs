@@ -8,10 +8,13 @@ use crate::faults::{FaultBook, FaultId, FaultKind, Injection, ReplyPlan};
 use crate::lock;
 use crate::record::{RecordedRequest, RequestLog};
 
-/// Names the client at a peer address (e.g. the process owning that socket), or None
-/// when it does not know it. Called once per connection, when it is accepted: the
-/// client's socket still exists then.
-pub type CallerResolver = Arc<dyn Fn(SocketAddr) -> Option<String> + Send + Sync>;
+/// Names the client of a connection (e.g. the process owning its socket), or None when
+/// it does not know it: called with the client's address (the peer) and the address it
+/// connected to (the server's side of the connection; both are needed, since one local
+/// port may serve a process's connections to several servers at once). Called when the
+/// connection is accepted, and again at its requests while it has no name: the client's
+/// socket exists then.
+pub type CallerResolver = Arc<dyn Fn(SocketAddr, SocketAddr) -> Option<String> + Send + Sync>;
 
 /// A simulator's fault book and request log, shared by its server and its handle.
 pub struct Controls<F, R> {
@@ -109,8 +112,9 @@ impl<F: FaultKind, R: Clone + PartialEq> Controls<F, R> {
 
     // ---- callers ----
 
-    /// Names the caller of every connection accepted from now on with `resolver` (None:
-    /// stop). Connections already open keep the caller they were given.
+    /// Names the callers of connections with `resolver` (None: stop): asked as a
+    /// connection is accepted, and at its requests while it has no name. A connection
+    /// keeps the name it was given.
     pub fn set_caller_resolver(&self, resolver: Option<CallerResolver>) {
         *lock(&self.callers) = resolver;
     }

@@ -21,9 +21,9 @@ pub struct RecordedRequest<R> {
     pub wall: SystemTime,
     /// The client's address (its side of the connection).
     pub peer: SocketAddr,
-    /// Who the client is, as the caller resolver installed when its connection was
-    /// accepted said ([`crate::Controls::set_caller_resolver`]); None without one, or
-    /// when it did not know the client.
+    /// Who the client is, as the caller resolver said when its connection was accepted
+    /// or, failing that, at this request ([`crate::Controls::set_caller_resolver`]);
+    /// None without one, or when it did not know the client.
     pub caller: Option<String>,
     /// Came in over HTTPS.
     pub tls: bool,

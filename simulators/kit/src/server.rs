@@ -179,12 +179,17 @@ async fn accept_loop<P: Protocol>(
             }
         };
         let _ = stream.set_nodelay(true);
+        // The address the client connected to: with the peer, what names its socket.
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
         let protocol = protocol.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let conn = Arc::new(Connection {
                 peer,
-                caller: caller_of(protocol.controls(), peer).await,
+                local,
+                caller: Mutex::new(caller_of(protocol.controls(), peer, local).await),
                 tls: tls.is_some(),
             });
             match tls {
@@ -202,21 +207,46 @@ async fn accept_loop<P: Protocol>(
 /// What every request of one connection shares.
 struct Connection {
     peer: SocketAddr,
-    caller: Option<String>,
+    /// This server's side of the connection.
+    local: SocketAddr,
+    /// Named at accept; a connection the resolver could not name then is asked about
+    /// again at its requests (see [`named_caller`]).
+    caller: Mutex<Option<String>>,
     tls: bool,
+}
+
+/// The caller of `conn`, asking the resolver again if it was not named at accept: the
+/// client is waiting for this request's reply, so its socket exists, and a look that
+/// missed it at accept (`/proc/net/tcp` is read a page at a time while sockets come and
+/// go) may find it now.
+async fn named_caller<F, R>(controls: &Controls<F, R>, conn: &Connection) -> Option<String>
+where
+    F: FaultKind,
+    R: Clone + PartialEq,
+{
+    if let Some(name) = lock(&conn.caller).clone() {
+        return Some(name);
+    }
+    let name = caller_of(controls, conn.peer, conn.local).await?;
+    *lock(&conn.caller) = Some(name.clone());
+    Some(name)
 }
 
 /// The caller the installed resolver names for `peer`, asked now, before the first
 /// request: the client is waiting for this connection (its handshake, its reply), so its
 /// socket exists. The resolver may read files (/proc), so it runs off the server's one
 /// thread, which keeps serving the other connections meanwhile.
-async fn caller_of<F, R>(controls: &Controls<F, R>, peer: SocketAddr) -> Option<String>
+async fn caller_of<F, R>(
+    controls: &Controls<F, R>,
+    peer: SocketAddr,
+    local: SocketAddr,
+) -> Option<String>
 where
     F: FaultKind,
     R: Clone + PartialEq,
 {
     let resolve = controls.caller_resolver()?;
-    tokio::task::spawn_blocking(move || resolve(peer))
+    tokio::task::spawn_blocking(move || resolve(peer, local))
         .await
         .ok()
         .flatten()
@@ -248,10 +278,11 @@ async fn handle<P: Protocol>(
     let body = body.collect().await.map_err(|_| DropConnection)?.to_bytes();
     let route = protocol.classify(parts.method.as_str(), parts.uri.path());
     let controls = protocol.controls();
+    let caller = named_caller(controls, &conn).await;
     controls.record(recorded(
         &parts,
         &body,
-        &conn,
+        (&conn, caller),
         route,
         (protocol.now(), wall),
     ));
@@ -284,7 +315,7 @@ async fn handle<P: Protocol>(
 fn recorded<R>(
     parts: &hyper::http::request::Parts,
     body: &Bytes,
-    conn: &Connection,
+    (conn, caller): (&Connection, Option<String>),
     route: Option<R>,
     (at, wall): (SystemTime, SystemTime),
 ) -> RecordedRequest<R> {
@@ -293,7 +324,7 @@ fn recorded<R>(
         at,
         wall,
         peer: conn.peer,
-        caller: conn.caller.clone(),
+        caller,
         tls: conn.tls,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),

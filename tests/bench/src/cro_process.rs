@@ -15,9 +15,13 @@ use tokio::process::{Child, Command};
 use crate::common::{GPU_NS, OPERATOR_NS};
 use crate::rss::rss_of;
 
-/// What `cro run` logs (at info) once its controllers run: before it, requests would be
-/// timed with the operator's start-up in them (host/operator/src/process/run.rs).
-const RUNNING_LINE: &str = "operator running: controllers and upstream sync started";
+/// What `cro run` logs (at info) once it leads: the request controller runs, and (the
+/// leader takes its Lease only after its first round of provider Leases) so does the
+/// provider's resource controller. Before it, requests would be timed with the
+/// operator's start-up in them (host/operator/src/process/run.rs). The line has to
+/// follow what `run` logs: when it changed with the provider Leases, this stage waited
+/// for the old one until its timeout.
+const RUNNING_LINE: &str = "leading: request controller, claim binding and routing started";
 /// Loading the component (compiled once, then from the cache), the CRD check, the
 /// leader Lease and the caches' first listing; a debug build on 2 loaded cores is slow.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
