@@ -44,6 +44,16 @@ async fn fabric() -> std::net::SocketAddr {
             )
             .route("/big", get(|| async { vec![b'x'; 2 << 20] }))
             .route(
+                "/whoami",
+                get(|headers: axum::http::HeaderMap| async move {
+                    headers
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("nobody")
+                        .to_owned()
+                }),
+            )
+            .route(
                 "/slow",
                 get(|| async {
                     tokio::time::sleep(Duration::from_secs(120)).await;
@@ -112,6 +122,24 @@ async fn granted_endpoint_is_reached() {
         reply("200 echo:ping")
     );
     assert_eq!(provider.denials().total(), 0);
+}
+
+/// Credentials in the request URL reach the fabric as basic authentication (as from any
+/// HTTP client), never on the request line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_go_as_basic_authentication() {
+    let addr = fabric().await;
+    let provider = load(&http_spec(
+        &format!("http://user:pw@{addr}/whoami"),
+        Some(&format!("http://{addr}")),
+        &[],
+    ))
+    .await;
+    // base64("user:pw")
+    assert_eq!(
+        provider.add(&AddRequest::new(gpu("a"))).await.unwrap(),
+        reply("200 Basic dXNlcjpwdw==")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

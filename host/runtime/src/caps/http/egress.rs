@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
@@ -137,10 +138,12 @@ impl HttpEgress {
                 Ok(Err(HttpError::Timeout))
             };
         }
-        let headers = match with_headers(&request.headers) {
+        let mut headers = match with_headers(&request.headers) {
             Ok(h) => h,
             Err(e) => return Ok(Err(e)),
         };
+        let mut url = url;
+        credentials_to_header(&mut url, &mut headers);
         // Asked here, after everything else, so nothing but the client's own work lies
         // between the fence's answer and the request leaving (and the connection asks
         // again before each write).
@@ -357,6 +360,33 @@ fn with_headers(guest: &[(String, String)]) -> Result<HeaderMap, HttpError> {
     Ok(headers)
 }
 
+/// Credentials written in the URL (`http://user:secret@host/`) go as HTTP basic
+/// authentication, as HTTP clients do, unless the guest set its own `authorization`.
+/// They are taken out of the URL either way: the request line never carries them, and a
+/// redirect does not take them along.
+fn credentials_to_header(url: &mut Url, headers: &mut HeaderMap) {
+    if url.username().is_empty() && url.password().is_none() {
+        return;
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let user = decode(url.username());
+    let password = url.password().map(decode).unwrap_or_default();
+    // Only an http(s) URL with a host gets here (`check`), and those take both.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    if headers.contains_key(header::AUTHORIZATION) {
+        return;
+    }
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    if let Ok(value) = HeaderValue::from_str(&format!("Basic {token}")) {
+        headers.insert(header::AUTHORIZATION, value);
+    }
+}
+
 /// A request the fence refused: a connection failure, not `denied` (no grant is missing,
 /// and the guest should treat it like a fabric it cannot reach right now).
 fn not_sent(reason: &str) -> HttpError {
@@ -435,6 +465,30 @@ fn classify(e: &(dyn std::error::Error + Send + Sync + 'static)) -> HttpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_credentials_become_basic_authentication_and_leave_the_url() {
+        let mut url = Url::parse("http://fm%20user:p%40ss@fabric:8080/x?y=1").unwrap();
+        let mut headers = HeaderMap::new();
+        credentials_to_header(&mut url, &mut headers);
+        assert_eq!(url.as_str(), "http://fabric:8080/x?y=1");
+        // base64("fm user:p@ss")
+        assert_eq!(headers[header::AUTHORIZATION], "Basic Zm0gdXNlcjpwQHNz");
+
+        // The guest's own authorization wins; the URL is cleaned all the same.
+        let mut url = Url::parse("https://user@fabric/").unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        credentials_to_header(&mut url, &mut headers);
+        assert_eq!(url.as_str(), "https://fabric/");
+        assert_eq!(headers[header::AUTHORIZATION], "Bearer t");
+
+        // Nothing to do without credentials.
+        let mut url = Url::parse("https://fabric/").unwrap();
+        let mut headers = HeaderMap::new();
+        credentials_to_header(&mut url, &mut headers);
+        assert!(headers.is_empty());
+    }
 
     #[test]
     fn io_payloads_are_part_of_the_chain() {
