@@ -82,21 +82,11 @@ impl PidResolver {
     }
 
     /// The name of the known process owning the client socket of the connection from
-    /// `peer` to `server`. Looked up again a few times before giving up:
-    /// `/proc/net/tcp` is generated a page at a time while sockets come and go, so one
-    /// read may miss a line.
+    /// `peer` to `server`.
     pub fn resolve(&self, peer: SocketAddr, server: SocketAddr) -> Option<String> {
-        for attempt in 0..RESOLVE_ATTEMPTS {
-            if attempt > 0 {
-                std::thread::sleep(RESOLVE_RETRY);
-            }
-            let names = self.names();
-            let owner = owner_of(peer, server, names.keys().copied());
-            if let Some(name) = owner.and_then(|o| names.get(&o)) {
-                return Some(name.clone());
-            }
-        }
-        None
+        let names = self.names();
+        let owner = owner_of(peer, server, names.keys().copied())?;
+        names.get(&owner).cloned()
     }
 
     /// This resolver as the simulator takes it. A connection it cannot name is said on
@@ -120,10 +110,6 @@ impl PidResolver {
         sim_kit::lock(&self.names)
     }
 }
-
-/// How often [`PidResolver::resolve`] looks, and how long it waits between looks.
-const RESOLVE_ATTEMPTS: usize = 4;
-const RESOLVE_RETRY: std::time::Duration = std::time::Duration::from_millis(15);
 
 /// Which of `pids` owns the TCP socket from `local` to `remote`; None if none does, or
 /// the socket is not found.

@@ -215,10 +215,9 @@ struct Connection {
     tls: bool,
 }
 
-/// The caller of `conn`, asking the resolver again if it was not named at accept: the
-/// client is waiting for this request's reply, so its socket exists, and a look that
-/// missed it at accept (`/proc/net/tcp` is read a page at a time while sockets come and
-/// go) may find it now.
+/// The caller of `conn`, asking the resolver again if it was not named at accept (a
+/// resolver installed after the accept, or a client it did not know then): the client is
+/// waiting for this request's reply, so its socket exists.
 async fn named_caller<F, R>(controls: &Controls<F, R>, conn: &Connection) -> Option<String>
 where
     F: FaultKind,

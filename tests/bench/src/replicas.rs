@@ -38,26 +38,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, bail};
 use cro_api::{
-    CdiProvider, CdiProviderSpec, ComposabilityRequest, ComposableResource, LABEL_MANAGED_BY,
-    LABEL_PROVIDER,
+    CdiProvider, ComposabilityRequest, ComposableResource, LABEL_MANAGED_BY, LABEL_PROVIDER,
 };
 use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
 use fabric_sim::callers::PidResolver;
-use fabric_sim::{FabricSim, Fault, Injection, SimConfig};
-use k8s_openapi::ByteString;
+use fabric_sim::{FabricSim, Fault, Injection};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector;
 use node_sim::Standin;
 use node_sim::replica::{ApiAccess, ReplicaProcess, ReplicaSpec, ReplicaTimings};
 use serde_json::{Value, json};
 
-use crate::common::{Env, MODEL, OPERATOR_NS, gpu};
+use crate::common::cdi::{another_fabric, fti_spec_for, label_node, pool, put_component};
+use crate::common::{Env, MODEL, gpu};
 use crate::converge::{
     create_requests, delete_requests, is_running, phase_deadline, progress, watch_all,
 };
@@ -219,22 +217,21 @@ impl Cluster {
         callers.insert(std::process::id(), "bench");
         let mut sims = vec![env.sim.clone()];
         for _ in 1..PROVIDERS {
-            sims.push(
-                FabricSim::start(SimConfig {
-                    credentials: env.sim.credentials(),
-                    realm: env.sim.realm().to_string(),
-                    ..SimConfig::default()
-                })
-                .map_err(|e| anyhow!("cannot start a fabric simulator: {e}"))?,
-            );
+            sims.push(another_fabric(&env));
         }
-        put_component(&env).await?;
+        put_component(
+            &env,
+            "fti",
+            "fti.wasm",
+            std::fs::read(cro_test_support::component("fti-provider"))?,
+        )
+        .await;
         let mut cas = Vec::new();
         for (i, sim) in sims.iter().enumerate() {
             sim.record_callers(callers.resolver());
             sim.inject(Injection::from(Fault::Latency(p.latency)).always());
             sim.add_free_devices("gpu", MODEL, devices_per_provider);
-            let (mut spec, ca) = fti_spec_for(sim)?;
+            let (mut spec, ca) = fti_spec_for(sim);
             spec.node_selector = pool(&format!("p{i}"));
             Api::<CdiProvider>::all(env.client.clone())
                 .create(
@@ -249,7 +246,7 @@ impl Cluster {
             for (i, sim) in sims.iter().enumerate() {
                 let node = format!("p{i}-node-{j:03}");
                 env.add_node_on_fabric(&node, "64", sim).await;
-                label_node(&env, &node, &format!("p{i}")).await?;
+                label_node(&env, &node, &format!("p{i}")).await;
                 nodes.push((i, node));
             }
         }
@@ -1008,70 +1005,4 @@ fn median(sorted: &[f64]) -> Option<f64> {
         n if n % 2 == 1 => Some(sorted[n / 2]),
         n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
     }
-}
-
-// ---- the providers, as host/operator/tests/providers/mod.rs makes them ----
-
-/// The FTI provider's spec for the fabric simulator `sim`, the CA given inline, the
-/// component from the ConfigMap `fti` (key `fti.wasm`).
-fn fti_spec_for(sim: &FabricSim) -> Result<(CdiProviderSpec, tempfile::NamedTempFile)> {
-    let ca = tempfile::NamedTempFile::new()?;
-    std::fs::write(ca.path(), sim.ca_pem())?;
-    let vars: BTreeMap<&str, String> = BTreeMap::from([
-        ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
-        ("FTI_CDI_API_TYPE", "FM".to_string()),
-        ("FTI_CDI_ENDPOINT", sim.endpoint()),
-        ("FTI_CDI_TENANT_ID", sim.tenant_id().to_string()),
-        ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
-        (
-            "CRO_FTI_COMPONENT",
-            cro_test_support::component("fti-provider")
-                .display()
-                .to_string(),
-        ),
-    ]);
-    let spec = cro_operator::compat::fti_spec_from_env(|k| vars.get(k).cloned())?
-        .context("the FTI environment makes a provider spec")?;
-    let cdi: CdiProviderSpec = serde_json::from_value(json!({
-        "source": {"configMap": {"name": "fti", "namespace": OPERATOR_NS, "key": "fti.wasm"}},
-        "config": spec.config,
-        "grants": spec.grants,
-        "limits": spec.limits,
-    }))?;
-    Ok((cdi, ca))
-}
-
-/// The FTI component's bytes in the ConfigMap `fti` of the operator's namespace.
-async fn put_component(env: &Env) -> Result<()> {
-    let bytes = std::fs::read(cro_test_support::component("fti-provider"))?;
-    let map = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some("fti".into()),
-            ..Default::default()
-        },
-        binary_data: Some(BTreeMap::from([("fti.wasm".into(), ByteString(bytes))])),
-        ..Default::default()
-    };
-    Api::<ConfigMap>::namespaced(env.client.clone(), OPERATOR_NS)
-        .create(&PostParams::default(), &map)
-        .await?;
-    Ok(())
-}
-
-fn pool(value: &str) -> Option<LabelSelector> {
-    Some(LabelSelector {
-        match_labels: Some(BTreeMap::from([("pool".to_string(), value.to_string())])),
-        match_expressions: None,
-    })
-}
-
-async fn label_node(env: &Env, node: &str, pool: &str) -> Result<()> {
-    Api::<Node>::all(env.client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"pool": pool}}})),
-        )
-        .await?;
-    Ok(())
 }

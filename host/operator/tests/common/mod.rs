@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod cdi;
 pub mod fti;
 pub mod nodes;
 pub mod real;

@@ -12,14 +12,14 @@ use cro_api::{
 use cro_operator::Operator;
 use cro_operator::config::ProviderSource;
 use cro_operator::source::FetchOptions;
-use fabric_sim::{FabricSim, SimConfig};
+use fabric_sim::FabricSim;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use crate::common::cdi::{another_fabric, fti_spec_for, label_node, pool, put_component};
 use crate::common::{CONVERGE, Env, OPERATOR_NS, eventually, gpu};
 
 // Several replicas sharing the providers (process/shards.rs): a test of its own module.
@@ -29,55 +29,6 @@ mod replicas;
 /// the CA given inline (a CdiProvider has no files).
 fn fti_spec(env: &Env) -> (CdiProviderSpec, tempfile::NamedTempFile) {
     fti_spec_for(&env.sim)
-}
-
-/// The FTI provider's spec for the fabric simulator `sim`.
-fn fti_spec_for(sim: &FabricSim) -> (CdiProviderSpec, tempfile::NamedTempFile) {
-    let ca = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(ca.path(), sim.ca_pem()).unwrap();
-    let vars: BTreeMap<&str, String> = BTreeMap::from([
-        ("CDI_PROVIDER_TYPE", "FTI_CDI".to_string()),
-        ("FTI_CDI_API_TYPE", "FM".to_string()),
-        ("FTI_CDI_ENDPOINT", sim.endpoint()),
-        ("FTI_CDI_TENANT_ID", sim.tenant_id().to_string()),
-        ("CRO_FTI_CA_FILE", ca.path().display().to_string()),
-        (
-            "CRO_FTI_COMPONENT",
-            cro_test_support::component("fti-provider")
-                .display()
-                .to_string(),
-        ),
-    ]);
-    let spec = cro_operator::compat::fti_spec_from_env(|k| vars.get(k).cloned())
-        .unwrap()
-        .unwrap();
-    let cdi: CdiProviderSpec = serde_json::from_value(json!({
-        "source": {"configMap": {"name": "fti", "namespace": OPERATOR_NS, "key": "fti.wasm"}},
-        "config": spec.config,
-        "grants": spec.grants,
-        "limits": spec.limits,
-    }))
-    .unwrap();
-    (cdi, ca)
-}
-
-async fn put_component(env: &Env, name: &str, key: &str, bytes: Vec<u8>) {
-    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), OPERATOR_NS);
-    let map = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        binary_data: Some(BTreeMap::from([(key.into(), ByteString(bytes))])),
-        ..Default::default()
-    };
-    if maps.get_opt(name).await.unwrap().is_some() {
-        maps.replace(name, &PostParams::default(), &map)
-            .await
-            .unwrap();
-    } else {
-        maps.create(&PostParams::default(), &map).await.unwrap();
-    }
 }
 
 fn source(name: &str, key: &str) -> ComponentSource {
@@ -91,13 +42,6 @@ fn source(name: &str, key: &str) -> ComponentSource {
     }
 }
 
-fn pool(value: &str) -> Option<LabelSelector> {
-    Some(LabelSelector {
-        match_labels: Some(BTreeMap::from([("pool".to_string(), value.to_string())])),
-        match_expressions: None,
-    })
-}
-
 fn providers(env: &Env) -> Api<CdiProvider> {
     Api::all(env.client.clone())
 }
@@ -105,17 +49,6 @@ fn providers(env: &Env) -> Api<CdiProvider> {
 async fn create_provider(env: &Env, name: &str, spec: CdiProviderSpec) {
     providers(env)
         .create(&PostParams::default(), &CdiProvider::new(name, spec))
-        .await
-        .unwrap();
-}
-
-async fn label_node(env: &Env, node: &str, pool: &str) {
-    Api::<Node>::all(env.client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"pool": pool}}})),
-        )
         .await
         .unwrap();
 }
@@ -180,12 +113,7 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     let mut env = Env::start().await;
     // Two fabrics: pool a (and c) on the environment's, pool b on a second fabric
     // with its own tenant, CA and machines (the same log-in, so one Secret serves both).
-    let sim_b = FabricSim::start(SimConfig {
-        credentials: env.sim.credentials(),
-        realm: env.sim.realm().to_string(),
-        ..SimConfig::default()
-    })
-    .unwrap();
+    let sim_b = another_fabric(&env);
     let machine_a = env.add_node("pool-a-1", "16").await;
     let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
     env.add_node("pool-c-1", "16").await;

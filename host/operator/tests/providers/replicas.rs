@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cro_api::{LABEL_PROVIDER, RequestState};
 use fabric_sim::callers::PidResolver;
-use fabric_sim::{FabricSim, Fault, Injection, SimConfig};
+use fabric_sim::{Fault, Injection};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
@@ -21,7 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use node_sim::Standin;
 use node_sim::replica::{ApiAccess, ReplicaProcess, ReplicaSpec};
 
-use super::{create_provider, fti_bytes, fti_spec_for, label_node, pool, put_component};
+use super::{create_provider, fti_bytes};
+use crate::common::cdi::{another_fabric, fti_spec_for, label_node, pool, put_component};
 use crate::common::{CONVERGE, Env, MODEL, OPERATOR_NS, Rng, eventually, gpu};
 
 /// A replica process: the sharding test starts this binary again on this entry (with
@@ -282,14 +283,7 @@ async fn replicas_share_providers_and_no_fabric_call_comes_from_a_replica_withou
     // while, so that kills and pauses land on calls in flight.
     let mut sims = vec![env.sim.clone()];
     for _ in 1..PROVIDERS {
-        sims.push(
-            FabricSim::start(SimConfig {
-                credentials: env.sim.credentials(),
-                realm: env.sim.realm().to_string(),
-                ..SimConfig::default()
-            })
-            .unwrap(),
-        );
+        sims.push(another_fabric(&env));
     }
     let callers = PidResolver::new();
     callers.insert(std::process::id(), "test");
