@@ -171,10 +171,18 @@ async fn start_operator_seeing(
     env: &mut Env,
     see: impl Fn(&hyper::Method, &str) + Send + Sync + 'static,
 ) {
+    start_operator_seeing_uris(env, move |method, uri| see(method, uri.path())).await;
+}
+
+/// [`start_operator_seeing`], with each request's whole URI (its query too).
+async fn start_operator_seeing_uris(
+    env: &mut Env,
+    see: impl Fn(&hyper::Method, &hyper::Uri) + Send + Sync + 'static,
+) {
     let see = std::sync::Arc::new(see);
     let layer =
         tower::util::MapRequestLayer::new(move |req: hyper::Request<kube::client::Body>| {
-            see(req.method(), req.uri().path());
+            see(req.method(), req.uri());
             req
         });
     let plain = env.client.clone();
@@ -416,6 +424,72 @@ async fn a_request_writes_its_status_per_request_state_not_per_device_state() {
     env.stop_operator().await.unwrap();
 }
 
+/// A request whose devices take long writes their progress at a slower pace once it has
+/// written some alone, and a request being cleaned writes none within 16 s: at N = 1,000
+/// the old pace (every `timings.mirror_delay`, 2 s, while progress kept coming) made
+/// 0.57 request writes per device up and 0.35 down more than the states alone
+/// (docs/BENCHMARKS.md). Six devices on one node, attached one at a time with every
+/// fabric call taking 1 s (8 s up): the old code wrote progress every 2 s (4 writes up
+/// measured); now its plan, one write of progress and Running (3; one more is allowed
+/// for a device's readiness seen late). Down, with 400 ms per call (5 s), the old code
+/// wrote progress every 2 s after the request went Cleaning (3 writes measured); now
+/// Cleaning alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_of_a_slow_request_is_written_at_a_slower_pace() {
+    use fabric_sim::{Fault, Injection};
+    const DEVICES: usize = 6;
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, DEVICES);
+    env.sim
+        .inject(Injection::from(Fault::Latency(std::time::Duration::from_secs(1))).always());
+    // The default (the tests' own timings are faster).
+    env.config.timings.mirror_delay = std::time::Duration::from_secs(2);
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = writes.clone();
+    start_operator_seeing(&mut env, move |method, path| {
+        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT)
+            && path.ends_with("/composabilityrequests/r/status")
+        {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    })
+    .await;
+
+    let created = std::time::Instant::now();
+    env.create_request("r", gpu(DEVICES as i64)).await;
+    env.wait_running("r", DEVICES).await;
+    // (A device's readiness seen late is written after Running.)
+    eventually("the Ready condition", CONVERGE, || async {
+        let r = env.request("r").await?;
+        r.status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let up = writes.swap(0, std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "status writes of a {DEVICES}-device request over {:?} up: {up}",
+        created.elapsed()
+    );
+    assert!(up <= 4, "{up} status writes up");
+
+    env.sim.clear_faults();
+    env.sim
+        .inject(Injection::from(Fault::Latency(std::time::Duration::from_millis(400))).always());
+    let deleted = std::time::Instant::now();
+    env.delete_request("r").await;
+    let down = writes.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "status writes on the way down over {:?}: {down}",
+        deleted.elapsed()
+    );
+    assert!(down <= 1, "{down} status writes down");
+    env.stop_operator().await.unwrap();
+}
+
 /// A resource's state and the Ready condition it implies are one write, not two: each
 /// write is a watch event every watch of resources decodes and wakes the resource again
 /// (the old code wrote Attaching, then Ready False; Online, then Ready True). Seen from a
@@ -525,14 +599,31 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         assert!(status <= 2, "{name}: {status} status writes up");
         assert!(meta <= 1, "{name}: {meta} metadata writes up");
     }
-    // One Event per device per phase (warnings apart): `Attached` up, `Detached` down
-    // (the old code also sent `Online` and `Detaching`).
+    // At most one Event per device per phase (warnings apart). Up, one for the request:
+    // its `Running` Event names every device; the old code also sent each device's
+    // `Attached` and the request's `Allocated` (and, before that, `Online` per device).
+    // Down, `Detached` (the old code also sent `Detaching`).
     let up_events = normal_events(&env).await;
+    let running = normal_event_messages(&env, "r").await;
+    eprintln!("the request on its way up: Events {running:?}");
+    assert_eq!(running.len(), 1, "the request's Events up: {running:?}");
+    assert_eq!(running[0].0, "Running");
     for res in &resources.items {
         let name = res.metadata.name.clone().unwrap();
-        let mine = &up_events[&name];
+        let mine = up_events.get(&name).cloned().unwrap_or_default();
         eprintln!("{name} on its way up: Events {mine:?}");
-        assert_eq!(mine, &["Attached".to_owned()], "{name}'s Events up");
+        assert!(mine.is_empty(), "{name}'s Events up: {mine:?}");
+        let device = res
+            .status
+            .as_ref()
+            .map(|s| s.device_id.clone())
+            .unwrap_or_default();
+        assert!(
+            running[0]
+                .1
+                .contains(&format!("{name} ({device}) on worker-1")),
+            "the Running Event names {name}: {running:?}"
+        );
     }
     // And on the way down, from the request's deletion until every resource is gone.
     writes_at_delete.lock().unwrap().replace(Vec::new());
@@ -552,7 +643,7 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         let name = res.metadata.name.clone().unwrap();
         let down: Vec<_> = all_events[&name]
             .iter()
-            .skip(up_events[&name].len())
+            .skip(up_events.get(&name).map_or(0, Vec::len))
             .collect();
         eprintln!("{name} on its way down: Events {down:?}");
         assert_eq!(down, ["Detached"], "{name}'s Events down");
@@ -619,6 +710,78 @@ async fn requests_deleted_together_delete_each_device_once() {
     env.stop_operator().await.unwrap();
 }
 
+/// Reads of an attach and a detach that watch caches answer now: the GPU operator's
+/// device plugin DaemonSets (the old code read both with a GET at every attach and every
+/// detach, 2 per device each way), and the resources of a request being cleaned while
+/// its status still names a deleted one (the old code listed the request's resources by
+/// label at each such reconcile, which the API server answers by scanning every resource
+/// of the cluster: 2.65 lists per device at N = 1,000 in docs/BENCHMARKS.md; now the
+/// names the cache lacks are read by name). The device plugin is still restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches() {
+    const DEVICES: usize = 2;
+    let mut env = Env::start().await;
+    env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, DEVICES);
+    // The cleaning's progress waits: meanwhile its status names the deleted devices.
+    env.config.timings.mirror_delay = std::time::Duration::from_secs(60);
+    let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let counted = reads.clone();
+    start_operator_seeing_uris(&mut env, move |method, uri| {
+        if method != hyper::Method::GET {
+            return;
+        }
+        let path = uri.path();
+        let query = uri
+            .query()
+            .unwrap_or("")
+            .replace("%2F", "/")
+            .replace("%3D", "=");
+        let by_request = query.contains(&format!("labelSelector={}=r", cro_api::LABEL_MANAGED_BY));
+        if path.contains("/daemonsets/")
+            || (path.ends_with("/composableresources") && by_request && !query.contains("watch="))
+        {
+            counted.lock().unwrap().push(format!("{path}?{query}"));
+        }
+    })
+    .await;
+
+    env.create_request("r", gpu(DEVICES as i64)).await;
+    env.wait_running("r", DEVICES).await;
+    let sets: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(env.client.clone(), node_sim::GPU_OPERATOR_NS);
+    eventually(
+        "the device plugin restarted after the attach",
+        CONVERGE,
+        || async {
+            let ds = sets.get(node_sim::DEVICE_PLUGIN_DS).await.ok()?;
+            ds.spec
+                .template
+                .metadata?
+                .annotations?
+                .contains_key("kubectl.kubernetes.io/restartedAt")
+                .then_some(())
+        },
+    )
+    .await;
+    env.requests()
+        .delete("r", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the request and its devices gone", CONVERGE, || async {
+        let left = env.resources().list(&ListParams::default()).await.ok()?;
+        let reqs = env.requests().list(&ListParams::default()).await.ok()?;
+        (left.items.is_empty() && reqs.items.is_empty()).then_some(())
+    })
+    .await;
+    let reads = reads.lock().unwrap().clone();
+    assert!(
+        reads.is_empty(),
+        "reads a watch cache answers were sent to the API server: {reads:#?}"
+    );
+    env.stop_operator().await.unwrap();
+}
+
 /// (status writes, metadata writes) of resource `name` among the written `paths` (each
 /// the part after `/composableresources/`).
 fn writes_of(paths: &[String], name: &str) -> (usize, usize) {
@@ -627,6 +790,19 @@ fn writes_of(paths: &[String], name: &str) -> (usize, usize) {
         .filter(|p| **p == format!("{name}/status"))
         .count();
     (status, paths.iter().filter(|p| **p == name).count())
+}
+
+/// The (reason, message) of the Normal Events about `object`, oldest first.
+async fn normal_event_messages(env: &Env, object: &str) -> Vec<(String, String)> {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), "default");
+    let mut list = events.list(&ListParams::default()).await.unwrap().items;
+    list.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+    list.into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Normal"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
 }
 
 /// The reasons of the Normal Events about each object, oldest first.

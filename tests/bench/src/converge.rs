@@ -288,8 +288,13 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
 
     let bench = Bench::watching(&env, counts, began).await?;
     let cpu_start = apiserver_cpu_seconds(&env.client).await;
+    let profile = profile_apiserver(&env.client, n);
     let (up, per_node) = up_phase(&env, &bench, n, m).await?;
     let cpu_up = apiserver_cpu_seconds(&env.client).await;
+    // (After the up phase's CPU is read: a profile longer than the phase idles on.)
+    if let Some(profile) = profile {
+        profile.await.ok();
+    }
     env.sim.clear_requests();
     let down = down_phase(&env, &bench, n).await;
     let cpu_down = apiserver_cpu_seconds(&env.client).await;
@@ -352,6 +357,42 @@ async fn apiserver_cpu_seconds(client: &kube::Client) -> Result<f64> {
         .await
         .context("GET /metrics from the API server")?;
     process_cpu_seconds(&text).context("no process_cpu_seconds_total in the API server's metrics")
+}
+
+/// With `CRO_BENCH_APISERVER_PROFILE` set to a directory (and
+/// `CRO_KUBE_APISERVER_PROFILING=1`, which starts the API server with its Go pprof
+/// handlers): the API server's CPU profile for the first
+/// `CRO_BENCH_APISERVER_PROFILE_S` seconds (15) of the up phase, written there as
+/// `apiserver-up-N.pb.gz` (read with `go tool pprof -top`). Where its CPU goes is what
+/// decides which of the operator's requests cost the pace.
+fn profile_apiserver(client: &kube::Client, n: usize) -> Option<tokio::task::JoinHandle<()>> {
+    let dir = std::env::var_os("CRO_BENCH_APISERVER_PROFILE")?;
+    let seconds: u64 = std::env::var("CRO_BENCH_APISERVER_PROFILE_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let client = client.clone();
+    Some(tokio::spawn(async move {
+        let path = std::path::Path::new(&dir).join(format!("apiserver-up-{n}.pb.gz"));
+        let fetched = async {
+            let request = hyper::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+                .body(Vec::new())?;
+            let response = client.send(request.map(kube::client::Body::from)).await?;
+            anyhow::ensure!(
+                response.status().is_success(),
+                "{} (is CRO_KUBE_APISERVER_PROFILING=1 set?)",
+                response.status()
+            );
+            let body = http_body_util::BodyExt::collect(response.into_body()).await?;
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(&path, body.to_bytes())?;
+            anyhow::Ok(())
+        };
+        match fetched.await {
+            Ok(()) => eprintln!("API server profile: {}", path.display()),
+            Err(e) => eprintln!("API server profile not taken: {e:#}"),
+        }
+    }))
 }
 
 /// `process_cpu_seconds_total` from a Prometheus text exposition.

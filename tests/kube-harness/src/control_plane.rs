@@ -425,7 +425,12 @@ fn apiserver_args(port: u16, etcd_port: u16, f: &CredentialFiles, profile: Profi
         // Loopback addresses are not valid endpoints for the `kubernetes` Service.
         "--endpoint-reconciler-type=none".to_owned(),
         "--allow-privileged=true".to_owned(),
-        "--profiling=false".to_owned(),
+        // Go's pprof handlers, for a benchmark that profiles the API server
+        // (CRO_KUBE_APISERVER_PROFILING=1; docs/BENCHMARKS.md).
+        format!(
+            "--profiling={}",
+            std::env::var_os("CRO_KUBE_APISERVER_PROFILING").is_some()
+        ),
     ];
     match profile {
         Profile::ApiOnly => args.extend([

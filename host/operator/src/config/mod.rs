@@ -129,7 +129,9 @@ pub struct Timings {
     pub backoff_max: Duration,
     /// How long a request's `status.resources` may lag its devices' progress while the
     /// request stays Updating: progress seen within it is written together (a change of
-    /// the request's state or error, or a device first seen, is written at once).
+    /// the request's state or error, or a device first seen, is written at once). More
+    /// progress after progress was written alone, and progress while the request is
+    /// Cleaning, wait up to 8 times this.
     pub mirror_delay: Duration,
     /// How often each provider's free pool is read and its ResourceSlices brought up to
     /// date: a slice lags the fabric by at most this plus one pool read (docs/dra.md).

@@ -1,6 +1,8 @@
 //! Making the cluster notice a GPU that came or went: restarting the device plugin and
 //! DCGM daemonsets, or the DRA kubelet plugin pod of one node.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -62,28 +64,86 @@ pub(crate) fn restart_decision(ds: &DaemonSet, now: DateTime<Utc>) -> RestartDec
     RestartDecision::Restart
 }
 
+/// The device plugin restarts this process made, and when: a DaemonSet read from the
+/// watch cache a moment after a restart may not show its `restartedAt` yet, and two
+/// attaches deciding at once would both restart it. Deciding and recording here under
+/// one lock restarts each DaemonSet at most once per [`MIN_RESTART_INTERVAL_SECS`] from
+/// this process, whatever its cache shows.
+#[derive(Default)]
+pub(crate) struct Restarts {
+    made: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
+}
+
+impl Restarts {
+    /// Whether `name` (as `ds` shows it) may be restarted at `now`; a restart is
+    /// recorded as made when it may.
+    fn decide(&self, name: &str, ds: &DaemonSet, now: DateTime<Utc>) -> RestartDecision {
+        let mut made = self
+            .made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let decision = match made.get(name) {
+            Some(last) if recent(*last, now) => {
+                RestartDecision::Skip("restarted less than 10 s ago")
+            }
+            _ => restart_decision(ds, now),
+        };
+        if decision == RestartDecision::Restart {
+            made.insert(name.to_owned(), now);
+        }
+        decision
+    }
+
+    /// Forgets a restart whose write failed, so that the next GPU change tries again.
+    fn failed(&self, name: &str, at: DateTime<Utc>) {
+        let mut made = self
+            .made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if made.get(name) == Some(&at) {
+            made.remove(name);
+        }
+    }
+}
+
+fn recent(last: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    now.signed_duration_since(last).num_seconds() < MIN_RESTART_INTERVAL_SECS
+}
+
 /// Restarts the device plugin and DCGM daemonsets where allowed; a missing one is
-/// skipped (DCGM is optional).
+/// skipped (DCGM is optional). `cached` answers from the watch cache (`None`: it has not
+/// listed, so the API server is asked; `Some(None)`: no such DaemonSet).
 pub(crate) async fn restart_device_plugins(
     client: &kube::Client,
     namespace: &str,
+    cached: impl Fn(&str) -> Option<Option<std::sync::Arc<DaemonSet>>>,
+    restarts: &Restarts,
 ) -> Result<Vec<String>, NodeOpsError> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let mut restarted = Vec::new();
     for name in DEVICE_PLUGIN_DAEMONSETS {
-        let Some(ds) = api.get_opt(name).await? else {
+        let ds = match cached(name) {
+            Some(ds) => ds,
+            None => api.get_opt(name).await?.map(std::sync::Arc::new),
+        };
+        let Some(ds) = ds else {
             tracing::debug!(namespace, name, "daemonset not found; not restarted");
             continue;
         };
         let now = Utc::now();
-        match restart_decision(&ds, now) {
+        match restarts.decide(name, &ds, now) {
             RestartDecision::Skip(why) => tracing::debug!(namespace, name, why, "restart skipped"),
             RestartDecision::Restart => {
                 let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {
                     RESTARTED_AT: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 }}}}});
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
+                if let Err(e) = api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    restarts.failed(name, now);
+                    return Err(e.into());
+                }
                 restarted.push(name.to_owned());
             }
         }
@@ -175,6 +235,45 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_restart_this_process_made_holds_whatever_a_stale_cache_shows() {
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let restarts = Restarts::default();
+        // The cache shows the DaemonSet ready and last restarted long ago: restart, once.
+        let stale = ds(2, 2, Some("2026-01-01T00:00:00Z"));
+        let t0 = at("2026-01-01T01:00:00Z");
+        assert_eq!(
+            restarts.decide("nvidia-dcgm", &stale, t0),
+            RestartDecision::Restart
+        );
+        // A moment later the cache still shows the old copy: not again.
+        assert_eq!(
+            restarts.decide("nvidia-dcgm", &stale, at("2026-01-01T01:00:05Z")),
+            RestartDecision::Skip("restarted less than 10 s ago")
+        );
+        // The other DaemonSet is decided on its own.
+        assert_eq!(
+            restarts.decide("nvidia-device-plugin-daemonset", &stale, t0),
+            RestartDecision::Restart
+        );
+        // 10 s on, the DaemonSet's own state decides again.
+        let later = at("2026-01-01T01:00:10Z");
+        assert_eq!(
+            restarts.decide("nvidia-dcgm", &ds(2, 1, None), later),
+            RestartDecision::Skip("not fully ready")
+        );
+        assert_eq!(
+            restarts.decide("nvidia-dcgm", &stale, later),
+            RestartDecision::Restart
+        );
+        // A restart whose write failed is forgotten: the next change tries again.
+        restarts.failed("nvidia-dcgm", later);
+        assert_eq!(
+            restarts.decide("nvidia-dcgm", &stale, at("2026-01-01T01:00:11Z")),
+            RestartDecision::Restart
+        );
     }
 
     #[test]

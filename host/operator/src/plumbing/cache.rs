@@ -1,6 +1,6 @@
 //! Watch caches of the objects reconciliations look across: every ComposableResource,
-//! ComposabilityRequest and Node, and the GPU operator's driver pods, kept current by one
-//! watch each.
+//! ComposabilityRequest and Node, the GPU operator's driver pods, and the DaemonSets of the
+//! GPU operator's namespace, kept current by one watch each.
 //!
 //! Without them a reconciliation listed every object of a kind (the holder check of a
 //! detach, the planning of a request) or asked the API server to filter all of them (a
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use cro_api::{ComposabilityRequest, ComposableResource};
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, store::Writer};
@@ -146,6 +147,7 @@ struct Writers {
     requests: Writer<ComposabilityRequest>,
     nodes: Writer<Node>,
     driver_pods: Writer<Pod>,
+    daemon_sets: Writer<DaemonSet>,
 }
 
 pub(crate) struct Caches {
@@ -155,6 +157,9 @@ pub(crate) struct Caches {
     /// The GPU operator's driver pods (by their label), read by every GPU attach and
     /// detach to find the node's driver.
     driver_pods: Store<Pod>,
+    /// The DaemonSets of the GPU operator's namespace (its device plugin and DCGM), read
+    /// by every GPU attach and detach in device-plugin mode: two GETs each before.
+    daemon_sets: Store<DaemonSet>,
     /// The newest resource version among the ComposableResource changes the cache holds.
     resources_seen: Arc<AtomicU64>,
     /// The newest resource version of device ids this process wrote.
@@ -177,11 +182,13 @@ impl Default for Caches {
         let (requests, qw) = reflector::store();
         let (nodes, nw) = reflector::store();
         let (driver_pods, dw) = reflector::store();
+        let (daemon_sets, sw) = reflector::store();
         Self {
             resources,
             requests,
             nodes,
             driver_pods,
+            daemon_sets,
             resources_seen: Arc::default(),
             ids_written: AtomicU64::new(0),
             triggered: AtomicU64::new(0),
@@ -193,6 +200,7 @@ impl Default for Caches {
                 requests: qw,
                 nodes: nw,
                 driver_pods: dw,
+                daemon_sets: sw,
             })),
         }
     }
@@ -216,6 +224,7 @@ async fn reflect<K>(
     // Objects of a relisting become visible all at once when it completes: their
     // versions count as seen only then.
     let mut pending = 0u64;
+    let mut told_forbidden = false;
     watcher(api, config)
         .default_backoff()
         // Nothing here reads who wrote which field: managedFields are a large part of
@@ -227,6 +236,13 @@ async fn reflect<K>(
             // version counts as seen: a reader that waited for the version finds it there.
             match &event {
                 Ok(event) => also(event),
+                Err(e) if forbidden(e) && !told_forbidden => {
+                    // Readers fall back to asking the API server while the cache has
+                    // not listed: this works, at a read per use (the role lacks `list`
+                    // and `watch`: an installation from before this cache).
+                    told_forbidden = true;
+                    tracing::warn!(kind = %K::kind(&()), error = %e, "not allowed to watch; reading from the API server at each use instead")
+                }
                 Err(e) => {
                     tracing::debug!(kind = %K::kind(&()), error = %e, "cache watch interrupted")
                 }
@@ -250,6 +266,17 @@ async fn reflect<K>(
         .await;
 }
 
+/// Whether a watch failed because the operator's role does not allow it.
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 403,
+        watcher::Error::WatchError(s) => s.code == 403,
+        _ => false,
+    }
+}
+
 /// The watch of the GPU operator's driver pods: by the label the driver lookup uses, so
 /// the cache holds a few pods per GPU node, not every pod of the cluster.
 pub(crate) fn driver_pods() -> watcher::Config {
@@ -263,7 +290,13 @@ pub(crate) fn pod_node(pod: &Pod) -> Option<&str> {
 
 impl Caches {
     /// Keeps the caches current; runs until dropped. Only the first call does anything.
-    pub(crate) fn run(&self, client: kube::Client) -> futures::future::BoxFuture<'static, ()> {
+    /// `daemon_sets`: the namespace whose DaemonSets are watched (the GPU operator's, in
+    /// device-plugin mode; None: not watched, and that cache never answers).
+    pub(crate) fn run(
+        &self,
+        client: kube::Client,
+        daemon_sets: Option<&str>,
+    ) -> futures::future::BoxFuture<'static, ()> {
         let writers = self
             .writers
             .lock()
@@ -276,6 +309,8 @@ impl Caches {
         let index = self.index.clone();
         let claim_resources_changed = self.claim_resources_changed.clone();
         let unrouted_seen = self.unrouted_seen.clone();
+        let daemon_sets: Option<Api<DaemonSet>> =
+            daemon_sets.map(|ns| Api::namespaced(client.clone(), ns));
         let indexed = move |e: &watcher::Event<ComposableResource>| {
             if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = e
                 && o.labels().contains_key(cro_api::LABEL_CLAIM_UID)
@@ -305,6 +340,11 @@ impl Caches {
                 reflect(Api::all(client.clone()), all(), w.requests, None, |_| {}),
                 reflect(Api::all(client.clone()), all(), w.nodes, None, |_| {}),
                 reflect(Api::all(client), driver_pods(), w.driver_pods, None, |_| {}),
+                async move {
+                    if let Some(api) = daemon_sets {
+                        reflect(api, all(), w.daemon_sets, None, |_| {}).await;
+                    }
+                },
             );
         }
         .boxed()
@@ -398,6 +438,21 @@ impl Caches {
                 .filter(|p| pod_node(p) == Some(node))
                 .map(|p| p.as_ref().clone())
                 .collect()
+        })
+    }
+
+    /// The DaemonSet `name` of the GPU operator's namespace as the cache shows it: `None`
+    /// until the cache has listed once (or when the role does not allow the watch),
+    /// `Some(None)` when it shows no such DaemonSet. The cache may lag by its watch: a
+    /// restart this process made a moment ago may not show yet (see
+    /// `nodeops::plugins::Restarts`).
+    pub(crate) fn daemon_set(&self, name: &str) -> Option<Option<Arc<DaemonSet>>> {
+        // The store holds the few DaemonSets of one namespace.
+        Self::ready(&self.daemon_sets).then(|| {
+            self.daemon_sets
+                .state()
+                .into_iter()
+                .find(|d| d.metadata.name.as_deref() == Some(name))
         })
     }
 

@@ -38,12 +38,14 @@ pub(crate) struct Context {
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     rescans: Mutex<HashMap<String, Instant>>,
+    /// The device plugin restarts this process made (at most one per DaemonSet per 10 s).
+    pub(crate) plugin_restarts: crate::nodeops::plugins::Restarts,
     /// Per object, the resource version its last reconciliation here left it at (see
     /// [`Context::is_current`]).
     left_at: Mutex<HashMap<String, u64>>,
     /// Per request, when progress of its devices was first seen and not yet written (see
     /// `controllers::request::mirror::pace`).
-    unwritten_progress: Mutex<HashMap<String, Instant>>,
+    unwritten_progress: Mutex<ProgressBook>,
     /// Objects (by UID) whose deletion this process asked for, and when: a watch-cache
     /// copy that does not show it yet is not deleted a second time (see
     /// [`Context::delete_once`]).
@@ -54,6 +56,82 @@ pub(crate) struct Context {
 /// deletion was asked this long ago shows it in every cache (or is gone).
 const DELETIONS_ASKED_ENTRIES: usize = 4096;
 const DELETION_SHOWN_WITHIN: Duration = Duration::from_secs(300);
+
+/// How long progress of one key may wait before it is written (see
+/// [`Context::progress_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pace {
+    /// The first progress since anything else of the key was written.
+    pub(crate) first: Duration,
+    /// Progress after progress was written alone.
+    pub(crate) then: Duration,
+}
+
+impl Pace {
+    /// The same wait each time.
+    pub(crate) fn every(delay: Duration) -> Pace {
+        Pace {
+            first: delay,
+            then: delay,
+        }
+    }
+}
+
+/// Progress of one key (a request, a resource's wait) waiting to be written.
+struct Progress {
+    /// When the unwritten progress was first seen (None: nothing waits).
+    since: Option<Instant>,
+    /// Whether progress was written alone since anything else of the key was.
+    written_alone: bool,
+    /// When the key was last asked about (old entries are dropped).
+    touched: Instant,
+}
+
+/// The progress waiting to be written, by key.
+#[derive(Default)]
+struct ProgressBook {
+    entries: HashMap<String, Progress>,
+}
+
+impl ProgressBook {
+    /// See [`Context::progress_wait`].
+    fn wait(&mut self, key: &str, pace: Pace, now: Instant) -> Option<Duration> {
+        // Requests deleted while their progress waited leave an entry behind; far more
+        // entries than requests in flight means such leftovers: drop the old ones.
+        if self.entries.len() > UNWRITTEN_PROGRESS_ENTRIES {
+            let stale = pace.then.max(pace.first).saturating_mul(10);
+            self.entries
+                .retain(|_, p| now.saturating_duration_since(p.touched) < stale);
+        }
+        let p = self.entries.entry(key.to_owned()).or_insert(Progress {
+            since: None,
+            written_alone: false,
+            touched: now,
+        });
+        p.touched = now;
+        let since = *p.since.get_or_insert(now);
+        let delay = if p.written_alone {
+            pace.then
+        } else {
+            pace.first
+        };
+        let wait = self::pace(since, now, delay);
+        if wait.is_none() {
+            p.since = None;
+            p.written_alone = true;
+        }
+        wait
+    }
+
+    /// `key` was written with something other than progress.
+    fn written(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+}
+
+/// How many times `timings.mirror_delay` more progress of a request waits, after its
+/// first was written alone (16 s by default).
+const LATER_PROGRESS: u32 = 8;
 
 /// Entries of `Context::unwritten_progress` past which stale ones are dropped.
 const UNWRITTEN_PROGRESS_ENTRIES: usize = 4096;
@@ -96,6 +174,7 @@ impl Context {
             recorder,
             failures: Mutex::default(),
             rescans: Mutex::default(),
+            plugin_restarts: Default::default(),
             left_at: Mutex::default(),
             unwritten_progress: Mutex::default(),
             deletions_asked: Mutex::default(),
@@ -109,29 +188,24 @@ impl Context {
     }
 
     /// How long a write of `key` that only reports progress may still wait: progress is
-    /// written together with what follows within `timings.mirror_delay` of it being
-    /// first seen (each write is a watch event every watch of its kind decodes). `None`:
-    /// write now (and the wait starts afresh with the next progress).
-    pub(crate) fn progress_wait(&self, key: &str) -> Option<Duration> {
-        let since = self.progress_seen(key);
-        let wait = pace(since, Instant::now(), self.config.timings.mirror_delay);
-        if wait.is_none() {
-            self.progress_written(key);
-        }
-        wait
+    /// written together with what follows within `pace.first` of it being first seen
+    /// (each write is a watch event every watch of its kind decodes), and progress that
+    /// keeps coming without anything else of the key being written (a request whose
+    /// devices wait long, at a thousand in flight) within `pace.then` of it being seen.
+    /// Any other write of the key ([`Context::progress_written`]) starts again from
+    /// `pace.first`. `None`: write now.
+    pub(crate) fn progress_wait(&self, key: &str, pace: Pace) -> Option<Duration> {
+        lock(&self.unwritten_progress).wait(key, pace, Instant::now())
     }
 
-    /// When unwritten progress of `key` was first seen (now, if this is the first time
-    /// since it was last written).
-    fn progress_seen(&self, key: &str) -> Instant {
-        let mut seen = lock(&self.unwritten_progress);
-        // Requests deleted while their progress waited leave an entry behind; far more
-        // entries than requests in flight means such leftovers: drop the old ones.
-        if seen.len() > UNWRITTEN_PROGRESS_ENTRIES {
-            let stale = self.config.timings.mirror_delay.saturating_mul(10);
-            seen.retain(|_, since| since.elapsed() < stale);
+    /// The pace of progress a request's devices make while its state stays: the first
+    /// within `timings.mirror_delay`, more within 8 times that (docs/behaviour.md, §3).
+    pub(crate) fn request_pace(&self) -> Pace {
+        let first = self.config.timings.mirror_delay;
+        Pace {
+            first,
+            then: first.saturating_mul(LATER_PROGRESS),
         }
-        *seen.entry(key.to_owned()).or_insert_with(Instant::now)
     }
 
     /// Deletes `obj` unless this process asked for its deletion already (its copy may
@@ -167,7 +241,7 @@ impl Context {
 
     /// `key` was written: no progress of it is waiting.
     pub(crate) fn progress_written(&self, key: &str) {
-        lock(&self.unwritten_progress).remove(key);
+        lock(&self.unwritten_progress).written(key);
     }
 
     /// The delay before retrying `key` after one more consecutive failure: the base delay
@@ -279,6 +353,38 @@ mod tests {
         );
         assert_eq!(pace(t0, t0 + d, d), None);
         assert_eq!(pace(t0, t0 + Duration::from_secs(9), d), None);
+    }
+
+    #[test]
+    fn progress_after_progress_written_alone_waits_longer_until_something_else_is_written() {
+        use super::{Pace, ProgressBook};
+        use std::time::{Duration, Instant};
+        let s = Duration::from_secs;
+        let pace = Pace {
+            first: s(2),
+            then: s(16),
+        };
+        let mut book = ProgressBook::default();
+        let t0 = Instant::now();
+        // The first progress waits 2 s, then is written alone.
+        assert_eq!(book.wait("r", pace, t0), Some(s(2)));
+        assert_eq!(book.wait("r", pace, t0 + s(1)), Some(s(1)));
+        assert_eq!(book.wait("r", pace, t0 + s(2)), None);
+        // More progress waits 16 s from when it is seen.
+        assert_eq!(book.wait("r", pace, t0 + s(3)), Some(s(16)));
+        assert_eq!(book.wait("r", pace, t0 + s(18)), Some(s(1)));
+        assert_eq!(book.wait("r", pace, t0 + s(19)), None);
+        assert_eq!(book.wait("r", pace, t0 + s(20)), Some(s(16)));
+        // Another key is paced on its own.
+        assert_eq!(book.wait("q", pace, t0 + s(20)), Some(s(2)));
+        // A state written takes the progress with it: the next waits 2 s again.
+        book.written("r");
+        assert_eq!(book.wait("r", pace, t0 + s(21)), Some(s(2)));
+        // The same wait each time.
+        let every = Pace::every(s(2));
+        assert_eq!(book.wait("w", every, t0), Some(s(2)));
+        assert_eq!(book.wait("w", every, t0 + s(2)), None);
+        assert_eq!(book.wait("w", every, t0 + s(3)), Some(s(2)));
     }
 
     use super::*;

@@ -378,7 +378,11 @@ impl Operator {
     /// Starts the watch caches and, with `CdiProvider` objects, the watch that keeps the
     /// providers current.
     fn start_watches(&mut self, ctx: &Context, workers: &mut JoinSet<()>, stop: &Signal) {
-        let caches = ctx.caches.run(self.client.clone());
+        // The device plugin DaemonSets are restarted (and so read) in device-plugin
+        // mode only.
+        let daemon_sets = (ctx.config.mode == ExposureMode::DevicePlugin)
+            .then_some(ctx.config.gpu_operator_namespace.as_str());
+        let caches = ctx.caches.run(self.client.clone(), daemon_sets);
         let cache_stop = stop.clone();
         workers.spawn(async move {
             tokio::select! { () = caches => {}, () = cache_stop => {} }

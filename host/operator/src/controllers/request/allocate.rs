@@ -115,7 +115,10 @@ fn planned_entries(
     entries
 }
 
-/// Logs the plan and records it as an Event on the request.
+/// Logs the plan, and records it as an Event on the request when it changes an earlier
+/// one (devices kept or dropped: a changed spec, a lost device). A request's first plan
+/// is in its status at once, and its `Running` Event names the devices it made: an
+/// Event for it too was one more write per request (docs/BENCHMARKS.md, Events).
 async fn announce(ctx: &Context, req: &ComposabilityRequest, plan: &allocation::Plan) {
     let summary = format!(
         "keep {}, drop {}, create {}{}",
@@ -129,6 +132,9 @@ async fn announce(ctx: &Context, req: &ComposabilityRequest, plan: &allocation::
         }
     );
     tracing::info!(drop = ?plan.drop, %summary, "allocated");
+    if plan.keep.is_empty() && plan.drop.is_empty() {
+        return;
+    }
     ctx.event(
         &req.object_ref(&()),
         EventType::Normal,

@@ -91,7 +91,7 @@ fn progress_wait(
     if new == old {
         return None;
     }
-    paced(ctx, req, only_progress(old, new))
+    paced(ctx, req, only_progress(old, new), ctx.request_pace())
 }
 
 /// Creates the planned ComposableResources that do not exist yet; `false` when one that
@@ -199,11 +199,34 @@ async fn write_status(
             EventType::Normal,
             "Running",
             "Update",
-            format!("all {} devices are online", new.resources.len()),
+            online_message(&new.resources),
         )
         .await;
     }
     Ok(req)
+}
+
+/// How many devices a `Running` Event names; the rest are counted.
+const MAX_NAMED_ONLINE: usize = 8;
+
+/// The `Running` Event's message: every device and where it is (the per-device
+/// `Attached` Events of a request's devices were one Event per device more; the request's
+/// Event says it, docs/BENCHMARKS.md, Events), e.g. `all 2 devices are online: gpu-a
+/// (GPU-1) on worker-1, gpu-b (GPU-2) on worker-1`.
+pub(crate) fn online_message(entries: &super::mirror::Entries) -> String {
+    let mut named: Vec<String> = entries
+        .iter()
+        .take(MAX_NAMED_ONLINE)
+        .map(|(name, e)| format!("{name} ({}) on {}", e.device_id, e.node_name))
+        .collect();
+    if entries.len() > MAX_NAMED_ONLINE {
+        named.push(format!("and {} more", entries.len() - MAX_NAMED_ONLINE));
+    }
+    format!(
+        "all {} devices are online: {}",
+        entries.len(),
+        named.join(", ")
+    )
 }
 
 /// The resource's Ready condition is False.

@@ -32,7 +32,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::controllers::resource::node_exists;
 use crate::error::ReconcileError;
-use crate::plumbing::context::Context;
+use crate::plumbing::context::{Context, Pace};
 use crate::plumbing::patch;
 use crate::plumbing::reconcile::{self, Step};
 use crate::plumbing::triggers;
@@ -103,21 +103,22 @@ pub(super) fn fold_ready(
 }
 
 /// How long a write of the request's status that is only `progress` of its devices may
-/// wait: progress is written together with what follows within `timings.mirror_delay`
-/// of it being first seen (each write is a watch event every watch of requests decodes:
-/// the mirror of every device state was a third of a request's writes). Anything else
-/// (`progress` false) is written at once, and takes the waiting progress with it.
+/// wait at `pace` (`Context::progress_wait`): each write is a watch event every watch of
+/// requests decodes, and the mirror of every device state was a third of a request's
+/// writes. Anything else (`progress` false) is written at once, and takes the waiting
+/// progress with it.
 pub(super) fn paced(
     ctx: &Context,
     req: &ComposabilityRequest,
     progress: bool,
+    pace: Pace,
 ) -> Option<std::time::Duration> {
     let key = reconcile::object_key(req);
     if !progress {
         ctx.progress_written(&key);
         return None;
     }
-    ctx.progress_wait(&key)
+    ctx.progress_wait(&key, pace)
 }
 
 pub(crate) fn status_of(r: &ComposabilityRequest) -> ComposabilityRequestStatus {
@@ -136,28 +137,37 @@ pub(crate) async fn reconcile(
 
 /// The request's ComposableResources: from the watch cache once it shows every resource
 /// change that woke a request (`Caches::caught_up_with_triggers`: a request woken by its
-/// resource's last change must not read the resource as it was before), unless the cache
-/// lacks one that the request's status names (just created, the cache not yet caught up;
-/// or gone, which cleanup must not conclude from a stale cache): then found by label from
-/// the API server.
+/// resource's last change must not read the resource as it was before). A resource the
+/// request's status names that the cache lacks (just created, the cache not yet caught
+/// up; or gone, which cleanup must not conclude from a stale cache) is read by name from
+/// the API server: a request being cleaned names its deleted devices until its status is
+/// next written, and listing by label there scanned every resource of the cluster in the
+/// API server (2.65 lists per device at N = 1,000, docs/BENCHMARKS.md). Without the
+/// cache, found by label from the API server.
 pub(crate) async fn resources_of(
     ctx: &Context,
     req: &ComposabilityRequest,
 ) -> Result<Vec<ComposableResource>, ReconcileError> {
     let request = req.name_any();
+    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     if ctx.caches.caught_up_with_triggers().await
         && let Some(cached) = ctx.caches.resources_of_request(&request)
     {
-        let mine: Vec<ComposableResource> = cached.iter().map(|r| r.as_ref().clone()).collect();
+        let mut mine: Vec<ComposableResource> = cached.iter().map(|r| r.as_ref().clone()).collect();
         let recorded = req.status.iter().flat_map(|s| s.resources.keys());
-        if recorded
-            .into_iter()
-            .all(|n| mine.iter().any(|r| r.name_any() == *n))
-        {
-            return Ok(mine);
+        let missing: Vec<String> = recorded
+            .filter(|n| !mine.iter().any(|r| r.name_any() == **n))
+            .cloned()
+            .collect();
+        for name in missing {
+            if let Some(r) = api.get_opt(&name).await?
+                && r.managed_by() == Some(request.as_str())
+            {
+                mine.push(r);
+            }
         }
+        return Ok(mine);
     }
-    let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let params = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={request}"));
     Ok(api.list(&params).await?.items)
 }

@@ -13,6 +13,7 @@ use crate::error::ReconcileError;
 use crate::nodeops::{Discovery, ExposureMode, driver};
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
+use crate::plumbing::context::Pace;
 use crate::plumbing::patch::{self, ResourceStatusPatch};
 use crate::plumbing::reconcile::Step;
 use crate::provider::Operation;
@@ -79,7 +80,8 @@ async fn report_wait(
         tracing::debug!(reason = wait.reason, "{}", wait.message);
         return Ok(res);
     };
-    if ctx.progress_wait(&wait_key(&res)).is_some() {
+    let pace = Pace::every(ctx.config.timings.mirror_delay);
+    if ctx.progress_wait(&wait_key(&res), pace).is_some() {
         tracing::debug!(reason = wait.reason, "{}", wait.message);
         return Ok(res);
     }
@@ -169,6 +171,10 @@ async fn fabric_attach(
     adopt::settled(&api, res, fabric).await;
     tracing::info!(node = %node, device = ?device.device_id,
         fabric_device = ?device.fabric_device_id, "attached by the fabric");
+    // A request's devices are named by its `Running` Event, one Event for all of them.
+    if res.managed_by().is_some() {
+        return Ok(None);
+    }
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,

@@ -40,9 +40,7 @@ pub(crate) async fn rescan(
 ) -> Result<(), ReconcileError> {
     match ctx.config.mode {
         ExposureMode::DevicePlugin => {
-            let restarted =
-                plugins::restart_device_plugins(&ctx.client, &ctx.config.gpu_operator_namespace)
-                    .await?;
+            let restarted = restart_device_plugins(ctx).await?;
             if !restarted.is_empty() {
                 tracing::info!(resource, ?restarted, "restarted device plugin daemonsets");
             }
@@ -61,6 +59,18 @@ pub(crate) async fn rescan(
     Ok(())
 }
 
+/// Restarts the device plugin DaemonSets where allowed, reading them from the watch cache
+/// (from the API server until it has listed).
+async fn restart_device_plugins(ctx: &Context) -> Result<Vec<String>, ReconcileError> {
+    Ok(plugins::restart_device_plugins(
+        &ctx.client,
+        &ctx.config.gpu_operator_namespace,
+        |name| ctx.caches.daemon_set(name),
+        &ctx.plugin_restarts,
+    )
+    .await?)
+}
+
 /// Makes the plugins notice a GPU that went, without running anything on the node
 /// (a force_detach): device-plugin mode restarts the daemonsets; DRA deletes the
 /// node's kubelet plugin pod (at most once per rescan interval per resource).
@@ -71,8 +81,7 @@ pub(crate) async fn rescan_after_detach(
 ) -> Result<(), ReconcileError> {
     match ctx.config.mode {
         ExposureMode::DevicePlugin => {
-            plugins::restart_device_plugins(&ctx.client, &ctx.config.gpu_operator_namespace)
-                .await?;
+            restart_device_plugins(ctx).await?;
         }
         ExposureMode::Dra => {
             if ctx.rescan_due(resource) {
