@@ -194,6 +194,38 @@ async fn start_operator_seeing_uris(
     env.client = plain;
 }
 
+/// Starts the operator counting its writes of request `name`'s status.
+async fn start_operator_counting_status_writes(
+    env: &mut Env,
+    name: &str,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = writes.clone();
+    let status = format!("/composabilityrequests/{name}/status");
+    start_operator_seeing(env, move |method, path| {
+        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT) && path.ends_with(&status) {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    })
+    .await;
+    writes
+}
+
+/// Request `name` once its Ready condition is True.
+async fn ready_request(env: &Env, name: &str) -> cro_api::ComposabilityRequest {
+    eventually("the Ready condition", CONVERGE, || async {
+        let r = env.request(name).await?;
+        let ready = r
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(r)
+    })
+    .await
+}
+
 /// The reconciles `controller` made, as the operator's metrics count them.
 fn reconciles(metrics: &str, controller: &str) -> usize {
     let prefix = format!("cro_reconciles_total{{controller=\"{controller}\",");
@@ -367,31 +399,12 @@ async fn a_request_writes_its_status_per_request_state_not_per_device_state() {
     env.add_node("worker-1", "16").await;
     env.sim.add_free_devices("gpu", MODEL, DEVICES);
     env.config.timings.mirror_delay = std::time::Duration::from_secs(60);
-    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = writes.clone();
-    start_operator_seeing(&mut env, move |method, path| {
-        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT)
-            && path.ends_with("/composabilityrequests/r/status")
-        {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    })
-    .await;
+    let writes = start_operator_counting_status_writes(&mut env, "r").await;
 
     env.create_request("r", gpu(DEVICES as i64)).await;
     env.wait_running("r", DEVICES).await;
     // The Ready condition follows Running in its own write.
-    let request = eventually("the Ready condition", CONVERGE, || async {
-        let r = env.request("r").await?;
-        let ready = r
-            .status
-            .as_ref()?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        ready.then_some(r)
-    })
-    .await;
+    let request = ready_request(&env, "r").await;
     let status = request.status.unwrap();
     assert_eq!(status.resources.len(), DEVICES);
     for (name, entry) in &status.resources {
@@ -445,30 +458,13 @@ async fn progress_of_a_slow_request_is_written_at_a_slower_pace() {
         .inject(Injection::from(Fault::Latency(std::time::Duration::from_secs(1))).always());
     // The default (the tests' own timings are faster).
     env.config.timings.mirror_delay = std::time::Duration::from_secs(2);
-    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = writes.clone();
-    start_operator_seeing(&mut env, move |method, path| {
-        if matches!(*method, hyper::Method::PATCH | hyper::Method::PUT)
-            && path.ends_with("/composabilityrequests/r/status")
-        {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    })
-    .await;
+    let writes = start_operator_counting_status_writes(&mut env, "r").await;
 
     let created = std::time::Instant::now();
     env.create_request("r", gpu(DEVICES as i64)).await;
     env.wait_running("r", DEVICES).await;
     // (A device's readiness seen late is written after Running.)
-    eventually("the Ready condition", CONVERGE, || async {
-        let r = env.request("r").await?;
-        r.status?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    ready_request(&env, "r").await;
     let up = writes.swap(0, std::sync::atomic::Ordering::SeqCst);
     eprintln!(
         "status writes of a {DEVICES}-device request over {:?} up: {up}",
