@@ -277,6 +277,22 @@ fn forbidden(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether the operator's role lets it list the GPU operator's DaemonSets: the chart
+/// grants it only with `gpuOperator.rbac`, and a role made for an earlier cro grants
+/// `get` alone. Asked once, so that a role without it means reading them at each GPU
+/// change (said once here) rather than a watch retrying and logging refusals.
+async fn may_list(api: &Api<k8s_openapi::api::apps::v1::DaemonSet>) -> bool {
+    match api.list(&ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            tracing::info!(
+                "not allowed to list the GPU operator's DaemonSets: reading them at each GPU change instead"
+            );
+            false
+        }
+        _ => true,
+    }
+}
+
 /// The watch of the GPU operator's driver pods: by the label the driver lookup uses, so
 /// the cache holds a few pods per GPU node, not every pod of the cluster.
 pub(crate) fn driver_pods() -> watcher::Config {
@@ -341,7 +357,9 @@ impl Caches {
                 reflect(Api::all(client.clone()), all(), w.nodes, None, |_| {}),
                 reflect(Api::all(client), driver_pods(), w.driver_pods, None, |_| {}),
                 async move {
-                    if let Some(api) = daemon_sets {
+                    if let Some(api) = daemon_sets
+                        && may_list(&api).await
+                    {
                         reflect(api, all(), w.daemon_sets, None, |_| {}).await;
                     }
                 },
