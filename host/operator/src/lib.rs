@@ -56,7 +56,8 @@
 //! Permissions the operator needs (cluster-wide unless noted): ComposabilityRequests and
 //! ComposableResources (all verbs, and their `status`); Nodes (get, list, watch); Pods
 //! (list, delete) and `pods/exec` (create); DaemonSets in the GPU operator's namespace
-//! (get, list, watch, patch: without list and watch, each GPU change reads them instead); `nvidia.com` ClusterPolicies (list); `resource.k8s.io` ResourceSlices
+//! (get, list, watch, patch: without list and watch, each GPU change reads them
+//! instead); `nvidia.com` ClusterPolicies (list); `resource.k8s.io` ResourceSlices
 //! (list; with `--pool-devices` also create, update, delete), ResourceClaims (with
 //! `--pool-devices`: list, and `status` patch) and DeviceTaintRules (create, delete); `events.k8s.io` Events (create, patch);
 //! Leases in its namespace (get, list, create, update); the provider's granted Secret (get) and

@@ -224,7 +224,6 @@ async fn reflect<K>(
     // Objects of a relisting become visible all at once when it completes: their
     // versions count as seen only then.
     let mut pending = 0u64;
-    let mut told_forbidden = false;
     watcher(api, config)
         .default_backoff()
         // Nothing here reads who wrote which field: managedFields are a large part of
@@ -236,13 +235,6 @@ async fn reflect<K>(
             // version counts as seen: a reader that waited for the version finds it there.
             match &event {
                 Ok(event) => also(event),
-                Err(e) if forbidden(e) && !told_forbidden => {
-                    // Readers fall back to asking the API server while the cache has
-                    // not listed: this works, at a read per use (the role lacks `list`
-                    // and `watch`: an installation from before this cache).
-                    told_forbidden = true;
-                    tracing::warn!(kind = %K::kind(&()), error = %e, "not allowed to watch; reading from the API server at each use instead")
-                }
                 Err(e) => {
                     tracing::debug!(kind = %K::kind(&()), error = %e, "cache watch interrupted")
                 }
@@ -266,22 +258,11 @@ async fn reflect<K>(
         .await;
 }
 
-/// Whether a watch failed because the operator's role does not allow it.
-fn forbidden(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 403,
-        watcher::Error::WatchError(s) => s.code == 403,
-        _ => false,
-    }
-}
-
 /// Whether the operator's role lets it list the GPU operator's DaemonSets: the chart
 /// grants it only with `gpuOperator.rbac`, and a role made for an earlier cro grants
 /// `get` alone. Asked once, so that a role without it means reading them at each GPU
 /// change (said once here) rather than a watch retrying and logging refusals.
-async fn may_list(api: &Api<k8s_openapi::api::apps::v1::DaemonSet>) -> bool {
+async fn may_list(api: &Api<DaemonSet>) -> bool {
     match api.list(&ListParams::default().limit(1)).await {
         Err(kube::Error::Api(s)) if s.code == 403 => {
             tracing::info!(
