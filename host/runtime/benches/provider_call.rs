@@ -320,6 +320,7 @@ fn benches(c: &mut Criterion) {
         .expect("tokio");
     let runtime = Runtime::new(RuntimeOptions::default()).expect("runtime");
     fresh_instance(c, &rt, &runtime);
+    wasmtime_alone(c, &rt);
     let f = fti(&rt, &runtime);
     fti_calls(c, &rt, &f);
     no_io_calls(c, &rt, &f);
@@ -338,6 +339,58 @@ fn fresh_instance(c: &mut Criterion, rt: &tokio::runtime::Runtime, runtime: &Run
         b.iter(|| rt.block_on(testkit.check_resource(&empty)))
     });
 }
+
+/// The same component instantiated by wasmtime alone, and a minimal component, so the
+/// report can say what of a fresh instance is cro's (the call's gate, store and
+/// deadline) and what is wasmtime's for a component of this shape (its imports and the
+/// WASI adapter's core instances). The engine is pooled with the same reset-in-place
+/// settings as cro's (`host/runtime/src/engine.rs`); each instance is made in a new
+/// store and dropped with it, as a call's is. The testkit's imports are defined as
+/// trapping functions: what instantiation costs per import is the same whatever the
+/// function does.
+fn wasmtime_alone(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    use wasmtime::component::{Component, Linker};
+    let mut pool = wasmtime::PoolingAllocationConfig::new();
+    pool.total_component_instances(8)
+        .total_core_instances(8 * 32)
+        .total_memories(8 * 4)
+        .total_tables(8 * 4)
+        .total_stacks(8)
+        .linear_memory_keep_resident(1 << 20)
+        .table_keep_resident(64 << 10)
+        .pagemap_scan(wasmtime::Enabled::Auto);
+    let mut config = wasmtime::Config::new();
+    config
+        .wasm_component_model(true)
+        .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    let engine = wasmtime::Engine::new(&config).expect("engine");
+    let testkit = Component::from_file(&engine, cro_test_support::component("cro-testkit"))
+        .expect("testkit component");
+    let fti = Component::from_file(&engine, cro_test_support::component("fti-provider"))
+        .expect("FTI component");
+    let minimal = Component::new(&engine, MINIMAL_COMPONENT).expect("minimal component");
+    for (name, component) in [("testkit", &testkit), ("fti", &fti), ("minimal", &minimal)] {
+        let mut linker = Linker::<()>::new(&engine);
+        linker
+            .define_unknown_imports_as_traps(component)
+            .expect("imports");
+        let pre = linker.instantiate_pre(component).expect("pre-instantiate");
+        c.bench_function(&format!("instance/wasmtime_alone/{name}"), |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let mut store = wasmtime::Store::new(&engine, ());
+                    pre.instantiate_async(&mut store).await.expect("instance");
+                })
+            })
+        });
+    }
+}
+
+/// One core module with one function, lifted as the component's only export.
+const MINIMAL_COMPONENT: &str = r#"(component
+  (core module $m (func (export "run")))
+  (core instance $i (instantiate $m))
+  (func (export "run") (canon lift (core func $i "run"))))"#;
 
 /// The FTI operations, component beside library.
 fn fti_calls(c: &mut Criterion, rt: &tokio::runtime::Runtime, f: &Fti) {
