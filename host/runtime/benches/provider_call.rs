@@ -320,7 +320,7 @@ fn benches(c: &mut Criterion) {
         .expect("tokio");
     let runtime = Runtime::new(RuntimeOptions::default()).expect("runtime");
     fresh_instance(c, &rt, &runtime);
-    wasmtime_alone(c, &rt);
+    wasmtime_alone(c, &rt, &runtime);
     let f = fti(&rt, &runtime);
     fti_calls(c, &rt, &f);
     no_io_calls(c, &rt, &f);
@@ -340,37 +340,27 @@ fn fresh_instance(c: &mut Criterion, rt: &tokio::runtime::Runtime, runtime: &Run
     });
 }
 
-/// The same component instantiated by wasmtime alone, and a minimal component, so the
-/// report can say what of a fresh instance is cro's (the call's gate, store and
-/// deadline) and what is wasmtime's for a component of this shape (its imports and the
-/// WASI adapter's core instances). The engine is pooled with the same reset-in-place
-/// settings as cro's (`host/runtime/src/engine.rs`); each instance is made in a new
-/// store and dropped with it, as a call's is. The testkit's imports are defined as
-/// trapping functions: what instantiation costs per import is the same whatever the
-/// function does.
-fn wasmtime_alone(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+/// The same components instantiated by wasmtime alone in cro's own engine (its pool,
+/// reset-in-place settings and epoch ticking), and a minimal component, so the report
+/// can say what of a fresh instance is cro's (the call's gate, store and deadline) and
+/// what is wasmtime's for a component of this shape (its imports and the core instances
+/// around its module). Each instance is made in a new store and dropped with it, as a
+/// call's is. The imports are defined as trapping functions: what instantiation costs
+/// per import is the same whatever the function does.
+fn wasmtime_alone(c: &mut Criterion, rt: &tokio::runtime::Runtime, runtime: &Runtime) {
     use wasmtime::component::{Component, Linker};
-    let mut pool = wasmtime::PoolingAllocationConfig::new();
-    pool.total_component_instances(8)
-        .total_core_instances(8 * 32)
-        .total_memories(8 * 4)
-        .total_tables(8 * 4)
-        .total_stacks(8)
-        .linear_memory_keep_resident(1 << 20)
-        .table_keep_resident(64 << 10)
-        .pagemap_scan(wasmtime::Enabled::Auto);
-    let mut config = wasmtime::Config::new();
-    config
-        .wasm_component_model(true)
-        .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-    let engine = wasmtime::Engine::new(&config).expect("engine");
-    let testkit = Component::from_file(&engine, cro_test_support::component("cro-testkit"))
-        .expect("testkit component");
-    let fti = Component::from_file(&engine, cro_test_support::component("fti-provider"))
-        .expect("FTI component");
-    let minimal = Component::new(&engine, MINIMAL_COMPONENT).expect("minimal component");
-    for (name, component) in [("testkit", &testkit), ("fti", &fti), ("minimal", &minimal)] {
-        let mut linker = Linker::<()>::new(&engine);
+    let engine = runtime.wasmtime_engine();
+    let file = |name: &str| {
+        Component::from_file(engine, cro_test_support::component(name)).expect("component")
+    };
+    let minimal = Component::new(engine, MINIMAL_COMPONENT).expect("minimal component");
+    let components = [
+        ("testkit", file("cro-testkit")),
+        ("fti", file("fti-provider")),
+        ("minimal", minimal),
+    ];
+    for (name, component) in &components {
+        let mut linker = Linker::<()>::new(engine);
         linker
             .define_unknown_imports_as_traps(component)
             .expect("imports");
@@ -378,7 +368,11 @@ fn wasmtime_alone(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         c.bench_function(&format!("instance/wasmtime_alone/{name}"), |b| {
             b.iter(|| {
                 rt.block_on(async {
-                    let mut store = wasmtime::Store::new(&engine, ());
+                    let mut store = wasmtime::Store::new(engine, ());
+                    // The engine interrupts guests at each epoch: a store without a
+                    // deadline would stop the components' start functions at once. The
+                    // deadline is added to the current epoch, so not u64::MAX.
+                    store.set_epoch_deadline(1 << 40);
                     pre.instantiate_async(&mut store).await.expect("instance");
                 })
             })

@@ -182,6 +182,14 @@ impl Runtime {
         &self.inner.shared.options
     }
 
+    /// The engine every provider of this runtime is compiled and instantiated in: its
+    /// pool, limits and epoch ticking. Only for the call-path benchmark, which measures
+    /// what wasmtime alone costs in this very engine (`benches/provider_call.rs`).
+    #[doc(hidden)]
+    pub fn wasmtime_engine(&self) -> &wasmtime::Engine {
+        &self.inner.shared.engine
+    }
+
     /// Describes a component (world, contract version, imports, exports).
     pub fn inspect(&self, bytes: &[u8]) -> Result<ComponentInfo, InspectError> {
         match self.compile(bytes, &crate::Limits::default()) {

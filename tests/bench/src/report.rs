@@ -178,7 +178,7 @@ fn provider_calls(o: &mut String, criterion: &Path) -> Result<CallFigures> {
     let worst = wasm_native_table(o, criterion)?;
     writeln!(
         o,
-        "\nFresh instance + empty call (testkit): {}. Instantiating alone, in wasmtime without cro (a pooled engine with cro's reset-in-place settings, a new store each time, the imports defined as traps): the testkit component {}, the FTI component {}, a minimal component (one core module, one export: wasmtime's floor on this machine) {}.\n",
+        "\nFresh instance + empty call (testkit): {}. Instantiating alone, by wasmtime without cro's call around it (in cro's own engine, a new store each time, the imports defined as traps): the testkit component {}, the FTI component {}, a minimal component (one core module, one export: wasmtime's floor on this machine) {}.\n",
         us(fresh),
         us(m("instance_wasmtime_alone_testkit")),
         us(m("instance_wasmtime_alone_fti")),
