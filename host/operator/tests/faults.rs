@@ -385,18 +385,9 @@ async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
     if api == FabricApi::Fm {
         assert_eq!(adopted, 3, "{metrics}");
     }
-    // No record of an attempt is left on a resource holding its device.
-    eventually("the attempt records dropped", CONVERGE, || async {
-        env.resources_of("lossy")
-            .await
-            .iter()
-            .all(|r| {
-                !r.annotations()
-                    .contains_key(cro_operator::ANNOTATION_ATTACH_ATTEMPT)
-            })
-            .then_some(())
-    })
-    .await;
+    // The attempt records stay on the resources holding their devices (removing them was
+    // a write per device, docs/BENCHMARKS.md): unread from then on, they hold nothing up
+    // below (the detach releases every device).
 
     env.requests()
         .delete("lossy", &Default::default())

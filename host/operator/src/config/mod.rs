@@ -127,11 +127,12 @@ pub struct Timings {
     /// First retry delay after an error; doubles per consecutive error.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
-    /// How long a request's `status.resources` may lag its devices' progress while the
-    /// request stays Updating: progress seen within it is written together (a change of
-    /// the request's state or error, or a device first seen, is written at once). More
-    /// progress after progress was written alone, and progress while the request is
-    /// Cleaning, wait up to 8 times this.
+    /// How long a wait of an attach on its node (the driver, the GPU) lasts before the
+    /// resource's Ready condition says so; 8 times this is how long a request's
+    /// `status.resources` may lag its devices' progress while the request's state stays
+    /// (30 times while it is Cleaning): progress seen within it is written together,
+    /// usually with the request's next state (a change of the request's state or error,
+    /// or of a device's error, is written at once).
     pub mirror_delay: Duration,
     /// How often each provider's free pool is read and its ResourceSlices brought up to
     /// date: a slice lags the fabric by at most this plus one pool read (docs/dra.md).

@@ -57,32 +57,10 @@ pub(crate) struct Context {
 const DELETIONS_ASKED_ENTRIES: usize = 4096;
 const DELETION_SHOWN_WITHIN: Duration = Duration::from_secs(300);
 
-/// How long progress of one key may wait before it is written (see
-/// [`Context::progress_wait`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Pace {
-    /// The first progress since anything else of the key was written.
-    pub(crate) first: Duration,
-    /// Progress after progress was written alone.
-    pub(crate) then: Duration,
-}
-
-impl Pace {
-    /// The same wait each time.
-    pub(crate) fn every(delay: Duration) -> Pace {
-        Pace {
-            first: delay,
-            then: delay,
-        }
-    }
-}
-
 /// Progress of one key (a request, a resource's wait) waiting to be written.
 struct Progress {
     /// When the unwritten progress was first seen (None: nothing waits).
     since: Option<Instant>,
-    /// Whether progress was written alone since anything else of the key was.
-    written_alone: bool,
     /// When the key was last asked about (old entries are dropped).
     touched: Instant,
 }
@@ -95,30 +73,23 @@ struct ProgressBook {
 
 impl ProgressBook {
     /// See [`Context::progress_wait`].
-    fn wait(&mut self, key: &str, pace: Pace, now: Instant) -> Option<Duration> {
+    fn wait(&mut self, key: &str, delay: Duration, now: Instant) -> Option<Duration> {
         // Requests deleted while their progress waited leave an entry behind; far more
         // entries than requests in flight means such leftovers: drop the old ones.
         if self.entries.len() > UNWRITTEN_PROGRESS_ENTRIES {
-            let stale = pace.then.max(pace.first).saturating_mul(10);
+            let stale = delay.saturating_mul(10);
             self.entries
                 .retain(|_, p| now.saturating_duration_since(p.touched) < stale);
         }
         let p = self.entries.entry(key.to_owned()).or_insert(Progress {
             since: None,
-            written_alone: false,
             touched: now,
         });
         p.touched = now;
         let since = *p.since.get_or_insert(now);
-        let delay = if p.written_alone {
-            pace.then
-        } else {
-            pace.first
-        };
         let wait = self::pace(since, now, delay);
         if wait.is_none() {
             p.since = None;
-            p.written_alone = true;
         }
         wait
     }
@@ -129,9 +100,11 @@ impl ProgressBook {
     }
 }
 
-/// How many times `timings.mirror_delay` more progress of a request waits, after its
-/// first was written alone (16 s by default).
-const LATER_PROGRESS: u32 = 8;
+/// How many times `timings.mirror_delay` the progress of a request's devices may wait
+/// while its state stays (16 s by default).
+const REQUEST_PROGRESS: u32 = 8;
+/// The same while the request is Cleaning (a minute by default).
+const CLEANING_PROGRESS: u32 = 30;
 
 /// Entries of `Context::unwritten_progress` past which stale ones are dropped.
 const UNWRITTEN_PROGRESS_ENTRIES: usize = 4096;
@@ -188,24 +161,33 @@ impl Context {
     }
 
     /// How long a write of `key` that only reports progress may still wait: progress is
-    /// written together with what follows within `pace.first` of it being first seen
-    /// (each write is a watch event every watch of its kind decodes), and progress that
-    /// keeps coming without anything else of the key being written (a request whose
-    /// devices wait long, at a thousand in flight) within `pace.then` of it being seen.
-    /// Any other write of the key ([`Context::progress_written`]) starts again from
-    /// `pace.first`. `None`: write now.
-    pub(crate) fn progress_wait(&self, key: &str, pace: Pace) -> Option<Duration> {
-        lock(&self.unwritten_progress).wait(key, pace, Instant::now())
+    /// written together with what follows within `delay` of it being first seen (each
+    /// write is a watch event every watch of its kind decodes), or alone once `delay`
+    /// has passed. Any other write of the key ([`Context::progress_written`]) takes the
+    /// waiting progress with it. `None`: write now.
+    pub(crate) fn progress_wait(&self, key: &str, delay: Duration) -> Option<Duration> {
+        lock(&self.unwritten_progress).wait(key, delay, Instant::now())
     }
 
-    /// The pace of progress a request's devices make while its state stays: the first
-    /// within `timings.mirror_delay`, more within 8 times that (docs/behaviour.md, §3).
-    pub(crate) fn request_pace(&self) -> Pace {
-        let first = self.config.timings.mirror_delay;
-        Pace {
-            first,
-            then: first.saturating_mul(LATER_PROGRESS),
-        }
+    /// How long progress of a request's devices may wait while the request's state
+    /// stays: 8 times `timings.mirror_delay` (docs/behaviour.md, §3). Most requests reach
+    /// their next state sooner and write their devices' progress with it.
+    pub(crate) fn request_progress_delay(&self) -> Duration {
+        self.config
+            .timings
+            .mirror_delay
+            .saturating_mul(REQUEST_PROGRESS)
+    }
+
+    /// How long progress of a Cleaning request's devices (detaching, gone) may wait: 30
+    /// times `timings.mirror_delay`. Such a request is waited on for its going, which the
+    /// finalizer's removal makes as soon as no device is left; an error is written at
+    /// once, and the ComposableResources show each device as it is.
+    pub(crate) fn cleaning_progress_delay(&self) -> Duration {
+        self.config
+            .timings
+            .mirror_delay
+            .saturating_mul(CLEANING_PROGRESS)
     }
 
     /// Deletes `obj` unless this process asked for its deletion already (its copy may
@@ -356,35 +338,26 @@ mod tests {
     }
 
     #[test]
-    fn progress_after_progress_written_alone_waits_longer_until_something_else_is_written() {
-        use super::{Pace, ProgressBook};
+    fn progress_waits_its_delay_from_when_it_is_first_seen_each_key_on_its_own() {
+        use super::ProgressBook;
         use std::time::{Duration, Instant};
         let s = Duration::from_secs;
-        let pace = Pace {
-            first: s(2),
-            then: s(16),
-        };
+        let d = s(16);
         let mut book = ProgressBook::default();
         let t0 = Instant::now();
-        // The first progress waits 2 s, then is written alone.
-        assert_eq!(book.wait("r", pace, t0), Some(s(2)));
-        assert_eq!(book.wait("r", pace, t0 + s(1)), Some(s(1)));
-        assert_eq!(book.wait("r", pace, t0 + s(2)), None);
+        // Progress waits 16 s from when it is first seen, then is written alone.
+        assert_eq!(book.wait("r", d, t0), Some(s(16)));
+        assert_eq!(book.wait("r", d, t0 + s(1)), Some(s(15)));
+        assert_eq!(book.wait("r", d, t0 + s(16)), None);
         // More progress waits 16 s from when it is seen.
-        assert_eq!(book.wait("r", pace, t0 + s(3)), Some(s(16)));
-        assert_eq!(book.wait("r", pace, t0 + s(18)), Some(s(1)));
-        assert_eq!(book.wait("r", pace, t0 + s(19)), None);
-        assert_eq!(book.wait("r", pace, t0 + s(20)), Some(s(16)));
+        assert_eq!(book.wait("r", d, t0 + s(17)), Some(s(16)));
+        assert_eq!(book.wait("r", d, t0 + s(32)), Some(s(1)));
         // Another key is paced on its own.
-        assert_eq!(book.wait("q", pace, t0 + s(20)), Some(s(2)));
-        // A state written takes the progress with it: the next waits 2 s again.
+        assert_eq!(book.wait("q", s(2), t0 + s(20)), Some(s(2)));
+        assert_eq!(book.wait("q", s(2), t0 + s(22)), None);
+        // A state written takes the progress with it: the next waits from when it comes.
         book.written("r");
-        assert_eq!(book.wait("r", pace, t0 + s(21)), Some(s(2)));
-        // The same wait each time.
-        let every = Pace::every(s(2));
-        assert_eq!(book.wait("w", every, t0), Some(s(2)));
-        assert_eq!(book.wait("w", every, t0 + s(2)), None);
-        assert_eq!(book.wait("w", every, t0 + s(3)), Some(s(2)));
+        assert_eq!(book.wait("r", d, t0 + s(40)), Some(s(16)));
     }
 
     use super::*;

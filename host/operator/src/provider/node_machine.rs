@@ -75,6 +75,29 @@ impl NodeMachine {
         })
     }
 
+    /// What `node` says about its machine, with the fabric's machine one of `others`
+    /// (resources targeting the node) noted after its attach while the Node said the
+    /// same: a node's devices are all on its one machine, so a resource created with it
+    /// needs no write of it after its own attach (docs/BENCHMARKS.md, the write budget).
+    /// A fabric that answers another machine is noted then, as without it.
+    pub(crate) fn of_node_learned<'a>(
+        node: &Node,
+        others: impl IntoIterator<Item = &'a ComposableResource>,
+    ) -> Option<NodeMachine> {
+        let mut machine = Self::of_node(node)?;
+        machine.fabric_machine = others
+            .into_iter()
+            .filter(|r| r.spec.target_node == node.name_any())
+            .filter_map(NodeMachine::of_resource)
+            .find(|m| {
+                m.fabric_machine.is_some()
+                    && m.provider_id == machine.provider_id
+                    && m.machine_ref == machine.machine_ref
+            })
+            .and_then(|m| m.fabric_machine);
+        Some(machine)
+    }
+
     /// The annotation value (compact JSON).
     pub(crate) fn to_annotation(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -273,6 +296,56 @@ mod tests {
             stand_in["metadata"]["annotations"][MACHINE_REF_ANNOTATION],
             "openshift-machine-api/m0"
         );
+    }
+
+    #[test]
+    fn a_new_resource_learns_the_fabric_machine_from_another_on_the_same_machine() {
+        let n = node(json!({"metadata": {"name": "w1"}, "spec": {"providerID": "fsas-cdi://m-1"}}));
+        let resource = |name: &str, target: &str, record: &str| {
+            let mut r = ComposableResource::new(
+                name,
+                serde_json::from_value(
+                    json!({"type": "gpu", "model": "A100", "target_node": target}),
+                )
+                .unwrap(),
+            );
+            r.metadata.annotations = Some(BTreeMap::from([(
+                ANNOTATION_NODE_MACHINE.to_owned(),
+                record.to_owned(),
+            )]));
+            r
+        };
+        let noted = resource(
+            "a",
+            "w1",
+            r#"{"providerID":"fsas-cdi://m-1","fabricMachine":"fm-1"}"#,
+        );
+        let unnoted = resource("b", "w1", r#"{"providerID":"fsas-cdi://m-1"}"#);
+        // The node was another machine when this one noted it.
+        let earlier = resource(
+            "c",
+            "w1",
+            r#"{"providerID":"fsas-cdi://m-0","fabricMachine":"fm-0"}"#,
+        );
+        let elsewhere = resource(
+            "d",
+            "w2",
+            r#"{"providerID":"fsas-cdi://m-1","fabricMachine":"fm-2"}"#,
+        );
+        let learned = |others: &[&ComposableResource]| {
+            NodeMachine::of_node_learned(&n, others.iter().copied())
+                .unwrap()
+                .fabric_machine
+        };
+        assert_eq!(learned(&[&unnoted, &earlier, &noted]), Some("fm-1".into()));
+        assert_eq!(learned(&[&unnoted, &earlier, &elsewhere]), None);
+        assert_eq!(learned(&[]), None);
+        // What the Node says is kept as it is.
+        let m = NodeMachine::of_node_learned(&n, [&noted]).unwrap();
+        assert_eq!(m.provider_id.as_deref(), Some("fsas-cdi://m-1"));
+        // A Node naming no machine records nothing, learned or not.
+        let bare = node(json!({"metadata": {"name": "w1"}}));
+        assert_eq!(NodeMachine::of_node_learned(&bare, [&noted]), None);
     }
 
     #[test]

@@ -91,7 +91,12 @@ fn progress_wait(
     if new == old {
         return None;
     }
-    paced(ctx, req, only_progress(old, new), ctx.request_pace())
+    paced(
+        ctx,
+        req,
+        only_progress(old, new),
+        ctx.request_progress_delay(),
+    )
 }
 
 /// Creates the planned ComposableResources that do not exist yet; `false` when one that
@@ -142,12 +147,21 @@ async fn create_missing(
         obj.metadata.labels = Some(labels);
         obj.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
         // Its first attach then writes no annotations (adopt: the records), when it is
-        // made by the process the provider's Lease names now.
+        // made by the process the provider's Lease names now; nor does it after, when
+        // another device on the node noted the fabric's machine.
         let node = ctx.caches.node(&entry.node_name);
         let holder = provider
             .as_deref()
             .and_then(|p| ctx.registry.tenure().holder_of(p));
-        obj.metadata.annotations = Some(records_at_creation(node.as_deref(), holder.as_ref()));
+        let others = ctx
+            .caches
+            .resources_on_node(&entry.node_name)
+            .unwrap_or_default();
+        obj.metadata.annotations = Some(records_at_creation(
+            node.as_deref(),
+            holder.as_ref(),
+            others.iter().map(AsRef::as_ref),
+        ));
         match resources.create(&PostParams::default(), &obj).await {
             Ok(_) => {
                 tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");

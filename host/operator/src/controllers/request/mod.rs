@@ -32,7 +32,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::controllers::resource::node_exists;
 use crate::error::ReconcileError;
-use crate::plumbing::context::{Context, Pace};
+use crate::plumbing::context::Context;
 use crate::plumbing::patch;
 use crate::plumbing::reconcile::{self, Step};
 use crate::plumbing::triggers;
@@ -103,22 +103,22 @@ pub(super) fn fold_ready(
 }
 
 /// How long a write of the request's status that is only `progress` of its devices may
-/// wait at `pace` (`Context::progress_wait`): each write is a watch event every watch of
-/// requests decodes, and the mirror of every device state was a third of a request's
-/// writes. Anything else (`progress` false) is written at once, and takes the waiting
-/// progress with it.
+/// still wait (`Context::progress_wait`, within `delay` of it being first seen): each
+/// write is a watch event every watch of requests decodes, and the mirror of every device
+/// state was a third of a request's writes. Anything else (`progress` false) is written
+/// at once, and takes the waiting progress with it.
 pub(super) fn paced(
     ctx: &Context,
     req: &ComposabilityRequest,
     progress: bool,
-    pace: Pace,
+    delay: std::time::Duration,
 ) -> Option<std::time::Duration> {
     let key = reconcile::object_key(req);
     if !progress {
         ctx.progress_written(&key);
         return None;
     }
-    ctx.progress_wait(&key, pace)
+    ctx.progress_wait(&key, delay)
 }
 
 pub(crate) fn status_of(r: &ComposabilityRequest) -> ComposabilityRequestStatus {

@@ -83,12 +83,15 @@ fn note_asked(resource: &str, asked: bool) {
 /// The annotations a new resource is created with, so that its first attach writes none:
 /// the attempt record of the process that will make the attach (no attach asked for
 /// yet), and, when known, the machine of its target node `node` (what [`add`] would
-/// otherwise write first). The attach is made by the replica holding the provider's
-/// Lease, `holder` (its identity and process, from the Lease; None: this process): a
-/// record naming any other process would make the attach look for a lost device first.
-pub(crate) fn records_at_creation(
+/// otherwise write first), with the fabric's machine one of `others` (the resources on
+/// that node) noted (what [`settled`] would otherwise write after the attach). The
+/// attach is made by the replica holding the provider's Lease, `holder` (its identity and
+/// process, from the Lease; None: this process): a record naming any other process would
+/// make the attach look for a lost device first.
+pub(crate) fn records_at_creation<'a>(
     node: Option<&Node>,
     holder: Option<&LeaseHolder>,
+    others: impl IntoIterator<Item = &'a ComposableResource>,
 ) -> BTreeMap<String, String> {
     let mut records = BTreeMap::new();
     let record = match holder {
@@ -102,7 +105,7 @@ pub(crate) fn records_at_creation(
     if let Ok(record) = serde_json::to_string(&record) {
         records.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), record);
     }
-    if let Some(machine) = node.and_then(NodeMachine::of_node) {
+    if let Some(machine) = node.and_then(|n| NodeMachine::of_node_learned(n, others)) {
         records.insert(ANNOTATION_NODE_MACHINE.to_owned(), machine.to_annotation());
     }
     records
@@ -213,12 +216,11 @@ fn claimed_ids<'a>(
         .collect()
 }
 
-/// What a write does to the record.
+/// What a write does to the record (never removed: see [`settled`]).
 #[derive(Clone, Copy)]
 enum Record<'a> {
     Keep,
     Set(&'a Attempt),
-    Remove,
 }
 
 /// Another annotation (key, value) written in the same patch as the record: one write
@@ -236,16 +238,14 @@ async fn write(
     let mut annotations = serde_json::Map::new();
     let text = match record {
         Record::Keep => None,
-        Record::Set(a) => Some(Some(
-            serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?,
-        )),
-        Record::Remove => Some(None),
+        Record::Set(a) => {
+            Some(serde_json::to_string(a).map_err(|e| ReconcileError::Invalid(e.to_string()))?)
+        }
     };
     if let Some(text) = text
-        && res.annotations().get(ANNOTATION_ATTACH_ATTEMPT) != text.as_ref()
+        && res.annotations().get(ANNOTATION_ATTACH_ATTEMPT) != Some(&text)
     {
-        let value = text.map_or(serde_json::Value::Null, serde_json::Value::String);
-        annotations.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), value);
+        annotations.insert(ANNOTATION_ATTACH_ATTEMPT.to_owned(), text.into());
     }
     if let Some((key, value)) = note
         && res.annotations().get(key).map(String::as_str) != Some(value)
@@ -349,24 +349,22 @@ pub(crate) async fn add(
     Ok(result)
 }
 
-/// The device's ids are stored: the record has served its purpose. `note` (the fabric's
-/// name for the machine) goes in the same write. Best effort: a resource holding a
-/// device never consults the record, and without the note the provider still finds the
-/// machine through the Node or the record's stand-in.
+/// The device's ids are stored: the record has served its purpose. It stays on the
+/// resource (which process, and which replica, asked for the device), unread: a
+/// resource holding a device never consults it, and its ids are never cleared (removing
+/// it was one metadata write per device, docs/BENCHMARKS.md). `note` (the fabric's name
+/// for the machine, when the record of the node's machine does not say it yet) is
+/// written. Best effort: without the note the provider still finds the machine through
+/// the Node or the record's stand-in.
 pub(crate) async fn settled(
     api: &Api<ComposableResource>,
     res: &mut ComposableResource,
     note: Note<'_>,
 ) {
     note_asked(&res.name_any(), false);
-    let record = if recorded(res).is_some() {
-        Record::Remove
-    } else {
-        Record::Keep
-    };
-    if let Err(e) = write(api, res, record, note).await {
+    if let Err(e) = write(api, res, Record::Keep, note).await {
         tracing::warn!(resource = %res.name_any(), error = %e,
-            "cannot drop the attach record or note the fabric machine; detach will find the machine through the node");
+            "cannot note the fabric machine; detach will find the machine through the node");
     }
 }
 
@@ -529,7 +527,7 @@ mod tests {
             identity: "replica-2".into(),
             process: "p-of-replica-2".into(),
         };
-        let records = records_at_creation(None, Some(&holder));
+        let records = records_at_creation(None, Some(&holder), []);
         let a: Attempt = serde_json::from_str(&records[ANNOTATION_ATTACH_ATTEMPT]).unwrap();
         assert_eq!(a.process, "p-of-replica-2");
         assert_eq!(a.holder.as_deref(), Some("replica-2"));
@@ -537,7 +535,7 @@ mod tests {
         assert!(!must_look_first(Some(&a), "p-of-replica-2", false));
         // Another process (the holder changed meanwhile) does.
         assert!(must_look_first(Some(&a), "p-of-replica-3", false));
-        let alone = records_at_creation(None, None);
+        let alone = records_at_creation(None, None, []);
         let a: Attempt = serde_json::from_str(&alone[ANNOTATION_ATTACH_ATTEMPT]).unwrap();
         assert_eq!(a.process, *PROCESS);
     }

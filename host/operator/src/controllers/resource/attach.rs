@@ -13,7 +13,6 @@ use crate::error::ReconcileError;
 use crate::nodeops::{Discovery, ExposureMode, driver};
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
-use crate::plumbing::context::Pace;
 use crate::plumbing::patch::{self, ResourceStatusPatch};
 use crate::plumbing::reconcile::Step;
 use crate::provider::Operation;
@@ -80,8 +79,8 @@ async fn report_wait(
         tracing::debug!(reason = wait.reason, "{}", wait.message);
         return Ok(res);
     };
-    let pace = Pace::every(ctx.config.timings.mirror_delay);
-    if ctx.progress_wait(&wait_key(&res), pace).is_some() {
+    let delay = ctx.config.timings.mirror_delay;
+    if ctx.progress_wait(&wait_key(&res), delay).is_some() {
         tracing::debug!(reason = wait.reason, "{}", wait.message);
         return Ok(res);
     }
@@ -167,7 +166,8 @@ async fn fabric_attach(
         .as_deref()
         .and_then(|m| fabric_machine_note(res, m));
     let fabric = fabric.as_deref().map(|m| (ANNOTATION_NODE_MACHINE, m));
-    // One write drops the attempt record and notes the fabric's machine.
+    // Notes the fabric's machine, unless the record made with the resource said it (the
+    // attempt record stays, unread once the ids are stored: adopt::settled).
     adopt::settled(&api, res, fabric).await;
     tracing::info!(node = %node, device = ?device.device_id,
         fabric_device = ?device.fabric_device_id, "attached by the fabric");
