@@ -1,6 +1,9 @@
 //! Which NVIDIA driver setup a node has, and how commands reach it
 //! (docs/node-operations.md, "Which driver a node has").
 
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -127,6 +130,33 @@ impl Driver {
     }
 }
 
+/// A node's driver pods as a watch cache shows them, for [`discover`].
+pub(crate) enum CachedPods {
+    /// The cache has not listed them: they are read from the API server.
+    Missing,
+    /// A Ready pod here is taken as is; anything else is read again from the API server
+    /// (the cache may lag behind the change that woke the caller, and a detach that
+    /// missed a pod there would skip the drain).
+    ReadyOnly(Vec<Pod>),
+    /// Taken as they are: the cache holds every driver pod change that woke a
+    /// controller (`Caches::driver_pods_current`), and the caller, an attach, waits and
+    /// looks again when it finds no Ready pod. Reading them again at every look was 3
+    /// LISTs of pods per device at N = 100 (docs/BENCHMARKS.md).
+    Current(Vec<Pod>),
+}
+
+impl CachedPods {
+    /// [`CachedPods::ReadyOnly`] of what a cache has, or [`CachedPods::Missing`].
+    pub(crate) fn ready_only(pods: Option<Vec<Pod>>) -> CachedPods {
+        pods.map_or(CachedPods::Missing, CachedPods::ReadyOnly)
+    }
+
+    /// [`CachedPods::Current`] of what a current cache has, or [`CachedPods::Missing`].
+    pub(crate) fn current(pods: Option<Vec<Pod>>) -> CachedPods {
+        pods.map_or(CachedPods::Missing, CachedPods::Current)
+    }
+}
+
 fn pod_ref(pod: &Pod, node: &str) -> Option<PodRef> {
     Some(PodRef {
         namespace: pod.metadata.namespace.clone()?,
@@ -160,24 +190,54 @@ async fn pods_on_node(api: &Api<Pod>, label: &str, node: &str) -> Result<Vec<Pod
     Ok(api.list(&params).await?.items)
 }
 
+/// How long an answer of the ClusterPolicy is taken as it is: an administrator's change of
+/// the driver setting (or the GPU operator's installation) reaches attaches within it.
+const CLUSTER_POLICY_KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// The last answer of the ClusterPolicy's driver flag and when it was read. Every look of
+/// an attach waiting for its node's first driver pod listed the ClusterPolicies again:
+/// 1.5 LISTs per device at N = 100 (docs/BENCHMARKS.md).
+#[derive(Default)]
+pub(crate) struct ClusterPolicyMemo(Mutex<Option<(Instant, Option<bool>)>>);
+
+impl ClusterPolicyMemo {
+    fn fresh(&self) -> Option<Option<bool>> {
+        let last = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        last.filter(|(at, _)| at.elapsed() < CLUSTER_POLICY_KEPT_FOR)
+            .map(|(_, answer)| answer)
+    }
+
+    fn keep(&self, answer: Option<bool>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), answer));
+    }
+}
+
 /// `None`: no ClusterPolicy API or object; `Some(enabled)`: the driver flag of the first
-/// (unset counts as enabled, as in the GPU operator).
-async fn cluster_policy_driver(client: &kube::Client) -> Result<Option<bool>, NodeOpsError> {
+/// (unset counts as enabled, as in the GPU operator). From `memo` when it is fresh.
+async fn cluster_policy_driver(
+    client: &kube::Client,
+    memo: &ClusterPolicyMemo,
+) -> Result<Option<bool>, NodeOpsError> {
+    if let Some(answer) = memo.fresh() {
+        return Ok(answer);
+    }
     let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
     );
-    match api.list(&ListParams::default()).await {
-        Ok(list) => Ok(list.items.first().map(|p| {
+    let answer = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items.first().map(|p| {
             p.data
                 .pointer("/spec/driver/enabled")
                 .and_then(|v| v.as_bool())
                 .unwrap_or(true)
-        })),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+        }),
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(e) => return Err(e.into()),
+    };
+    memo.keep(answer);
+    Ok(answer)
 }
 
 /// The node agent pod on `node`. Its DaemonSet is read only when no such pod is found,
@@ -221,27 +281,31 @@ async fn agent_pod(
 /// driver (its pod comes once the node has a GPU); else, with the driver disabled, a
 /// host driver that `modinfo nvidia` finds through the node agent. `agent_namespace` is
 /// the operator's namespace, where the node agent's DaemonSet lives. `cached`: the
-/// node's driver pods from a watch cache, if it has them; a Ready one there is taken as
-/// is, anything else is read again from the API server (the cache may lag behind the
-/// change that woke the caller).
+/// node's driver pods from a watch cache, and how far they are taken as they are.
 pub(crate) async fn discover(
     client: &kube::Client,
     runner: &dyn CommandRunner,
     node: &str,
     agent_namespace: &str,
-    cached: Option<Vec<Pod>>,
+    cached: CachedPods,
+    policy: &ClusterPolicyMemo,
 ) -> Result<Discovery, NodeOpsError> {
-    if let Some(pods) = &cached
-        && let Some(ready) = pods.iter().find(|p| running_and_ready(p))
-        && let Some(pod) = pod_ref(ready, node)
-    {
-        return Ok(Discovery::Ready(Driver {
-            setup: DriverSetup::Container,
-            pod,
-        }));
-    }
-    let all_pods: Api<Pod> = Api::all(client.clone());
-    let driver_pods = pods_on_node(&all_pods, DRIVER_POD_LABEL, node).await?;
+    let driver_pods = match cached {
+        CachedPods::Current(pods) => pods,
+        CachedPods::ReadyOnly(pods)
+            if let Some(ready) = pods.iter().find(|p| running_and_ready(p))
+                && let Some(pod) = pod_ref(ready, node) =>
+        {
+            return Ok(Discovery::Ready(Driver {
+                setup: DriverSetup::Container,
+                pod,
+            }));
+        }
+        CachedPods::ReadyOnly(_) | CachedPods::Missing => {
+            let all_pods: Api<Pod> = Api::all(client.clone());
+            pods_on_node(&all_pods, DRIVER_POD_LABEL, node).await?
+        }
+    };
     if let Some(ready) = driver_pods.iter().find(|p| running_and_ready(p))
         && let Some(pod) = pod_ref(ready, node)
     {
@@ -255,7 +319,7 @@ pub(crate) async fn discover(
             pod: pod.metadata.name.clone(),
         });
     }
-    match cluster_policy_driver(client).await? {
+    match cluster_policy_driver(client, policy).await? {
         None => Err(NodeOpsError::NoGpuOperator(node.to_owned())),
         Some(true) => Ok(Discovery::ContainerPending { pod: None }),
         Some(false) => {
@@ -362,6 +426,25 @@ mod tests {
             host.host_cmd("modinfo", &["nvidia"]),
             vec!["chroot", "/host-root", "modinfo", "nvidia"]
         );
+    }
+
+    #[test]
+    fn a_cluster_policy_answer_is_kept_for_a_while_then_read_again() {
+        let memo = ClusterPolicyMemo::default();
+        assert_eq!(memo.fresh(), None, "nothing read yet");
+        memo.keep(Some(false));
+        assert_eq!(memo.fresh(), Some(Some(false)));
+        memo.keep(None);
+        assert_eq!(
+            memo.fresh(),
+            Some(None),
+            "no ClusterPolicy is an answer too"
+        );
+        *memo.0.lock().unwrap() = Some((
+            Instant::now() - CLUSTER_POLICY_KEPT_FOR - Duration::from_millis(1),
+            Some(true),
+        ));
+        assert_eq!(memo.fresh(), None, "too old: read again");
     }
 
     #[test]

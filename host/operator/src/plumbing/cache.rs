@@ -47,6 +47,63 @@ struct ResourceIndex {
     by_device: HashMap<String, HashSet<String>>,
     /// The listing under way (a relisting replaces what the index holds).
     listing: Relisting,
+    /// Names whose deletion the watch showed, by the deletion's version. A request's
+    /// status names its deleted devices until it is next written (up to a minute while
+    /// Cleaning), and each of its reconciliations read every such name from the API
+    /// server: 3.5 GETs per device down at N = 100 (docs/BENCHMARKS.md).
+    gone: Marks,
+    /// Names this process created, by the creation's version, until the watch shows them.
+    created: Marks,
+}
+
+/// How long a mark (a deletion seen, a creation made) is kept at most once there are
+/// more than [`MARKS_KEPT`]: a reader that finds none asks the API server, as before.
+const MARK_KEPT_FOR: Duration = Duration::from_secs(600);
+const MARKS_KEPT: usize = 4096;
+/// Beyond this many (deletions faster than the API server could serve them), every mark
+/// is dropped: the memory stays bounded, the readers ask the API server.
+const MARKS_MAX: usize = 65_536;
+
+/// Resource versions of names, with when they were noted (for the bound).
+#[derive(Default)]
+struct Marks {
+    by_name: HashMap<String, (u64, Instant)>,
+    /// The size at which old marks are dropped next: twice what was left the last time,
+    /// so that dropping costs O(1) per mark however many are young.
+    prune_at: usize,
+}
+
+impl Marks {
+    fn note(&mut self, name: &str, version: u64) {
+        if self.by_name.len() >= self.prune_at.max(MARKS_KEPT) {
+            self.by_name
+                .retain(|_, (_, at)| at.elapsed() < MARK_KEPT_FOR);
+            if self.by_name.len() >= MARKS_MAX {
+                self.by_name.clear();
+            }
+            self.prune_at = 2 * self.by_name.len();
+        }
+        self.by_name
+            .insert(name.to_owned(), (version, Instant::now()));
+    }
+
+    fn version(&self, name: &str) -> Option<u64> {
+        self.by_name.get(name).map(|(v, _)| *v)
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.by_name.remove(name);
+    }
+}
+
+/// What the cache can say of a resource name it does not hold (see [`Caches::unseen`]).
+pub(crate) enum Unseen {
+    /// Created by this process: the cache shows it now.
+    Shown(Arc<ComposableResource>),
+    /// The cache saw it deleted (and no creation of this process since).
+    Gone,
+    /// Nothing known: only the API server can say.
+    Unknown,
 }
 
 /// What one resource is indexed under.
@@ -120,11 +177,19 @@ impl ResourceIndex {
 
     fn on(&mut self, event: &watcher::Event<ComposableResource>) {
         match event {
-            watcher::Event::Apply(r) => self.apply(r),
-            watcher::Event::Delete(r) => self.remove(&r.name_any()),
+            watcher::Event::Apply(r) => {
+                self.shown(r);
+                self.apply(r);
+            }
+            watcher::Event::Delete(r) => {
+                let name = r.name_any();
+                self.gone.note(&name, version_of(r).unwrap_or(0));
+                self.remove(&name);
+            }
             watcher::Event::Init => self.listing.start(),
             watcher::Event::InitApply(r) => {
                 self.listing.saw(r.name_any());
+                self.shown(r);
                 self.apply(r);
             }
             watcher::Event::InitDone => {
@@ -132,6 +197,20 @@ impl ResourceIndex {
                     self.remove(&name);
                 }
             }
+        }
+    }
+
+    /// `r` exists: neither gone nor waiting to be shown (once shown at its creation's
+    /// version or later).
+    fn shown(&mut self, r: &ComposableResource) {
+        let name = r.name_any();
+        self.gone.forget(&name);
+        if self
+            .created
+            .version(&name)
+            .is_some_and(|c| version_of(r).is_some_and(|v| v >= c))
+        {
+            self.created.forget(&name);
         }
     }
 
@@ -166,6 +245,10 @@ pub(crate) struct Caches {
     ids_written: AtomicU64,
     /// The newest ComposableResource version a controller's trigger has seen.
     triggered: AtomicU64,
+    /// The newest driver pod version the pod cache holds, and the newest one a
+    /// controller's trigger (its own watch) has seen.
+    driver_pods_seen: Arc<AtomicU64>,
+    driver_pods_triggered: AtomicU64,
     index: Arc<Mutex<ResourceIndex>>,
     /// Notified when a resource made for a ResourceClaim changes (the binding
     /// controller's next round: Online means a condition to set).
@@ -192,6 +275,8 @@ impl Default for Caches {
             resources_seen: Arc::default(),
             ids_written: AtomicU64::new(0),
             triggered: AtomicU64::new(0),
+            driver_pods_seen: Arc::default(),
+            driver_pods_triggered: AtomicU64::new(0),
             index: Arc::default(),
             claim_resources_changed: Arc::default(),
             unrouted_seen: Arc::default(),
@@ -303,6 +388,7 @@ impl Caches {
             return futures::future::ready(()).boxed();
         };
         let seen = self.resources_seen.clone();
+        let pods_seen = self.driver_pods_seen.clone();
         let index = self.index.clone();
         let claim_resources_changed = self.claim_resources_changed.clone();
         let unrouted_seen = self.unrouted_seen.clone();
@@ -336,7 +422,13 @@ impl Caches {
                 ),
                 reflect(Api::all(client.clone()), all(), w.requests, None, |_| {}),
                 reflect(Api::all(client.clone()), all(), w.nodes, None, |_| {}),
-                reflect(Api::all(client), driver_pods(), w.driver_pods, None, |_| {}),
+                reflect(
+                    Api::all(client),
+                    driver_pods(),
+                    w.driver_pods,
+                    Some(pods_seen),
+                    |_| {}
+                ),
                 async move {
                     if let Some(api) = daemon_sets
                         && may_list(&api).await
@@ -440,6 +532,39 @@ impl Caches {
         })
     }
 
+    /// The driver pods on `node` as the cache shows them, once it holds every driver pod
+    /// change a controller's trigger has seen ([`Caches::note_driver_pod_triggered`]):
+    /// an attach woken by its node's driver pod turning Ready finds it Ready here. None
+    /// until the cache has listed once, or while it lags more than [`CATCH_UP`].
+    pub(crate) async fn driver_pods_current(&self, node: &str) -> Option<Vec<Pod>> {
+        if !Self::ready(&self.driver_pods) {
+            return None;
+        }
+        let target = self.driver_pods_triggered.load(Ordering::SeqCst);
+        if !Self::reached(&self.driver_pods_seen, target).await {
+            // A change the cache will never show (a pod deleted while its watch was being
+            // relisted) is not waited for again by every later attach; this one reads the
+            // API server. A newer trigger meanwhile stays.
+            let now = self.driver_pods_seen.load(Ordering::SeqCst);
+            let _ = self.driver_pods_triggered.compare_exchange(
+                target,
+                now,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            return None;
+        }
+        self.driver_pods_on(node)
+    }
+
+    /// Records the version of a driver pod change a controller's trigger has seen, so
+    /// that [`Caches::driver_pods_current`] waits for it.
+    pub(crate) fn note_driver_pod_triggered(&self, pod: &Pod) {
+        if let Some(v) = version_of(pod) {
+            self.driver_pods_triggered.fetch_max(v, Ordering::SeqCst);
+        }
+    }
+
     /// The DaemonSet `name` of the GPU operator's namespace as the cache shows it: `None`
     /// until the cache has listed once (or when the role does not allow the watch),
     /// `Some(None)` when it shows no such DaemonSet. The cache may lag by its watch: a
@@ -453,6 +578,66 @@ impl Caches {
                 .into_iter()
                 .find(|d| d.metadata.name.as_deref() == Some(name))
         })
+    }
+
+    /// Records a ComposableResource this process just created: until the cache shows it,
+    /// [`Caches::unseen`] waits for it rather than calling it unknown.
+    pub(crate) fn note_created(&self, obj: &ComposableResource) {
+        if let Some(v) = version_of(obj) {
+            self.lock_index().created.note(&obj.name_any(), v);
+        }
+    }
+
+    /// What the cache can say of resource `name` that it does not hold: created by this
+    /// process (then it waits, at most [`CATCH_UP`], for the cache to show the creation),
+    /// or deleted as its watch saw, or nothing. A creation of this process newer than a
+    /// deletion seen is a resource made again under the same name.
+    pub(crate) async fn unseen(&self, name: &str) -> Unseen {
+        let created = {
+            let index = self.lock_index();
+            let gone = index.gone.version(name);
+            match index.created.version(name) {
+                Some(c) if gone.is_none_or(|g| g < c) => c,
+                _ if gone.is_some() => return Unseen::Gone,
+                _ => return Unseen::Unknown,
+            }
+        };
+        if !self.seen(created).await {
+            return Unseen::Unknown;
+        }
+        if let Some(r) = self.resources.get(&reflector::ObjectRef::new(name)) {
+            return Unseen::Shown(r);
+        }
+        if self
+            .lock_index()
+            .gone
+            .version(name)
+            .is_some_and(|g| g >= created)
+        {
+            return Unseen::Gone;
+        }
+        Unseen::Unknown
+    }
+
+    /// Whether the cache's watch saw resource `copy` deleted at or after the copy's
+    /// version, with no creation of this process under its name since: whatever the copy
+    /// shows, that resource is gone.
+    pub(crate) fn deleted_after(&self, copy: &ComposableResource) -> bool {
+        let Some(v) = version_of(copy) else {
+            return false;
+        };
+        let name = copy.name_any();
+        let index = self.lock_index();
+        index
+            .gone
+            .version(&name)
+            .is_some_and(|g| g >= v && index.created.version(&name).is_none_or(|c| c < g))
+    }
+
+    fn lock_index(&self) -> std::sync::MutexGuard<'_, ResourceIndex> {
+        self.index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a ComposableResource this process just wrote device ids into, so that
@@ -504,9 +689,14 @@ impl Caches {
 
     /// Waits (at most [`CATCH_UP`]) until the resource cache has seen version `target`.
     async fn seen(&self, target: u64) -> bool {
+        Self::reached(&self.resources_seen, target).await
+    }
+
+    /// Waits (at most [`CATCH_UP`]) until a cache's `seen` version is `target` or newer.
+    async fn reached(seen: &AtomicU64, target: u64) -> bool {
         let deadline = Instant::now() + CATCH_UP;
         loop {
-            if self.resources_seen.load(Ordering::SeqCst) >= target {
+            if seen.load(Ordering::SeqCst) >= target {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -640,6 +830,66 @@ mod tests {
         let mut v = ResourceIndex::names(map(i), key);
         v.sort();
         v
+    }
+
+    fn at(mut r: ComposableResource, version: u64) -> ComposableResource {
+        r.metadata.resource_version = Some(version.to_string());
+        r
+    }
+
+    fn says(u: Unseen) -> &'static str {
+        match u {
+            Unseen::Shown(_) => "shown",
+            Unseen::Gone => "gone",
+            Unseen::Unknown => "unknown",
+        }
+    }
+
+    #[tokio::test]
+    async fn names_the_cache_lacks_are_gone_once_seen_deleted_unless_made_again_here() {
+        let caches = Caches::default();
+        let a = res("a", "req", "n1", "");
+        assert_eq!(says(caches.unseen("a").await), "unknown");
+        caches
+            .lock_index()
+            .on(&watcher::Event::Delete(at(a.clone(), 5)));
+        assert_eq!(says(caches.unseen("a").await), "gone");
+        // Made again here under the same name: not gone, and once the cache has seen
+        // the creation's version without showing it, nothing is known.
+        caches.note_created(&at(a.clone(), 9));
+        caches.resources_seen.store(9, Ordering::SeqCst);
+        assert_eq!(says(caches.unseen("a").await), "unknown");
+        // Deleted again after that creation.
+        caches
+            .lock_index()
+            .on(&watcher::Event::Delete(at(a.clone(), 12)));
+        assert_eq!(says(caches.unseen("a").await), "gone");
+        assert!(caches.deleted_after(&at(a.clone(), 12)));
+        assert!(caches.deleted_after(&at(a.clone(), 10)));
+        assert!(
+            !caches.deleted_after(&at(a.clone(), 13)),
+            "a newer copy: made again"
+        );
+        // Shown by the watch: neither gone nor waited for.
+        caches
+            .lock_index()
+            .on(&watcher::Event::Apply(at(a.clone(), 14)));
+        assert_eq!(says(caches.unseen("a").await), "unknown");
+        assert!(caches.lock_index().created.version("a").is_none());
+        assert!(!caches.deleted_after(&at(a.clone(), 10)));
+    }
+
+    #[test]
+    fn marks_stay_bounded_however_fast_they_come() {
+        let mut marks = Marks::default();
+        for i in 0..(MARKS_MAX + 10) {
+            marks.note(&format!("r{i}"), i as u64);
+        }
+        assert!(marks.by_name.len() < MARKS_MAX, "{}", marks.by_name.len());
+        assert_eq!(
+            marks.version(&format!("r{}", MARKS_MAX + 9)),
+            Some((MARKS_MAX + 9) as u64)
+        );
     }
 
     #[test]

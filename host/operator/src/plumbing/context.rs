@@ -40,6 +40,8 @@ pub(crate) struct Context {
     rescans: Mutex<HashMap<String, Instant>>,
     /// The device plugin restarts this process made (at most one per DaemonSet per 10 s).
     pub(crate) plugin_restarts: crate::nodeops::plugins::Restarts,
+    /// The ClusterPolicy's driver flag as last read (see `nodeops::driver::discover`).
+    pub(crate) cluster_policy: crate::nodeops::driver::ClusterPolicyMemo,
     /// Per object, the resource version its last reconciliation here left it at (see
     /// [`Context::is_current`]).
     left_at: Mutex<HashMap<String, u64>>,
@@ -148,6 +150,7 @@ impl Context {
             failures: Mutex::default(),
             rescans: Mutex::default(),
             plugin_restarts: Default::default(),
+            cluster_policy: Default::default(),
             left_at: Mutex::default(),
             unwritten_progress: Mutex::default(),
             deletions_asked: Mutex::default(),

@@ -175,8 +175,9 @@ pub(crate) fn reconcile_span<K: Reported>(controller: &'static str, obj: &K) -> 
 /// ([`Context::is_current`]), else read from the API server. A copy older than that
 /// could make a provider call on ids that are no longer the object's (an attach whose
 /// stored ids the copy lacks would attach a second device), which is why a first
-/// reconciliation, one after a failure and one whose copy lags always read. Reading
-/// every time was two of every five API reads of a convergence (docs/BENCHMARKS.md).
+/// reconciliation (of an object this process did not create), one after a failure and
+/// one whose copy lags always read. Reading every time was two of every five API reads
+/// of a convergence (docs/BENCHMARKS.md).
 pub(crate) async fn current<K>(ctx: &Context, obj: Arc<K>) -> Result<Option<K>, ReconcileError>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,

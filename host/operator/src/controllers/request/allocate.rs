@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::mirror::{Entries, entry_of};
-use super::{Next, fold_ready, resources_of, set_state, status_of};
+use super::{Next, Unmade, fold_ready, resources_of, set_state, status_of};
 use crate::decide::allocation;
 use crate::decide::views;
 use crate::error::ReconcileError;
@@ -27,7 +27,7 @@ pub(super) async fn allocate(
     let spec = req.spec.resource.clone();
 
     let nodes = nodes(ctx).await?;
-    let objects = resources_of(ctx, &req).await?;
+    let objects = resources_of(ctx, &req, Unmade::Read).await?;
     let others = samenode_requests(ctx, &api).await?;
     let plan = match allocation::plan(
         &views::request_view(&spec),

@@ -6,7 +6,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::mirror::entry_of;
-use super::{Outcome, paced, resources_of, set_state, status_of};
+use super::{Outcome, Unmade, paced, resources_of, set_state, status_of};
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
 use crate::plumbing::reconcile::{self, Step};
@@ -26,7 +26,7 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
     };
 
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
-    let objects = resources_of(ctx, &req).await?;
+    let objects = resources_of(ctx, &req, Unmade::Read).await?;
     for obj in objects.iter().filter(|o| !o.is_being_deleted()) {
         ctx.delete_once(&resources, obj).await?;
     }

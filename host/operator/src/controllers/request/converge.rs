@@ -13,13 +13,13 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::mirror::{Entries, mirrored, only_progress, summary};
-use super::{Next, fold_ready, paced, resources_of, set_state, spec_changed, status_of};
+use super::{Next, Unmade, fold_ready, paced, resources_of, set_state, spec_changed, status_of};
 use crate::controllers::resource::{node_exists, records_at_creation};
 use crate::error::ReconcileError;
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
-use crate::plumbing::reconcile::Step;
+use crate::plumbing::reconcile::{self, Step};
 
 pub(super) async fn converge(
     req: ComposabilityRequest,
@@ -30,7 +30,8 @@ pub(super) async fn converge(
         let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
         return Ok(Next::Allocate(req));
     }
-    let objects = resources_of(ctx, &req).await?;
+    // Planned resources not made yet are made next (create_missing).
+    let objects = resources_of(ctx, &req, Unmade::Absent).await?;
     let old = status_of(&req);
     if !create_missing(ctx, &req, &old, &objects).await? {
         let req = set_state(ctx, &req, RequestState::NodeAllocating).await?;
@@ -163,8 +164,21 @@ async fn create_missing(
             others.iter().map(AsRef::as_ref),
         ));
         match resources.create(&PostParams::default(), &obj).await {
-            Ok(_) => {
+            Ok(made) => {
                 tracing::info!(resource = %entry_name, node = %entry.node_name, "created resource");
+                ctx.caches.note_created(&made);
+                // Its first reconciliation here needs no read of it: any copy shows all
+                // this process wrote (one GET per device before). Noted only where this
+                // process reconciles it, as reconciliations note their own writes.
+                if provider
+                    .as_deref()
+                    .is_some_and(|p| ctx.registry.tenure().check(p).is_ok())
+                {
+                    ctx.left_at(
+                        &reconcile::object_key(&made),
+                        made.metadata.resource_version.as_deref(),
+                    );
+                }
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use cro_api::{
     ComposabilityRequest, ComposabilityRequestStatus, ComposableResource, CroObjectExt,
-    LABEL_MANAGED_BY, RequestState,
+    LABEL_MANAGED_BY, RequestState, ResourceState,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -32,6 +32,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::controllers::resource::node_exists;
 use crate::error::ReconcileError;
+use crate::plumbing::cache::Unseen;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
 use crate::plumbing::reconcile::{self, Step};
@@ -135,18 +136,33 @@ pub(crate) async fn reconcile(
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
 }
 
+/// How [`resources_of`] takes a resource the request's status plans (its entry still
+/// `Empty`) that the cache has never shown and this process never created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unmade {
+    /// Not there yet: the caller creates it next, and a creation that finds it made
+    /// (by an earlier holder of this controller) is refused and changes nothing.
+    Absent,
+    /// Read from the API server: the caller concludes from its absence (cleanup would
+    /// finish with the resource still there).
+    Read,
+}
+
 /// The request's ComposableResources: from the watch cache once it shows every resource
 /// change that woke a request (`Caches::caught_up_with_triggers`: a request woken by its
 /// resource's last change must not read the resource as it was before). A resource the
-/// request's status names that the cache lacks (just created, the cache not yet caught
-/// up; or gone, which cleanup must not conclude from a stale cache) is read by name from
-/// the API server: a request being cleaned names its deleted devices until its status is
-/// next written, and listing by label there scanned every resource of the cluster in the
-/// API server (2.65 lists per device at N = 1,000, docs/BENCHMARKS.md). Without the
-/// cache, found by label from the API server.
+/// request's status names that the cache lacks is one of: created by this process and
+/// not shown yet (the cache is waited for), deleted as the cache's watch saw (gone: a
+/// request being cleaned names its deleted devices until its status is next written),
+/// planned and not created yet (`unmade`), or unknown, read by name from the API server.
+/// Reading every name the cache lacked was 1 GET per device up (the planned ones,
+/// before their creation) and 3.5 down at N = 100 (docs/BENCHMARKS.md); listing by label
+/// instead scanned every resource of the cluster in the API server. Without the cache,
+/// found by label from the API server.
 pub(crate) async fn resources_of(
     ctx: &Context,
     req: &ComposabilityRequest,
+    unmade: Unmade,
 ) -> Result<Vec<ComposableResource>, ReconcileError> {
     let request = req.name_any();
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
@@ -154,13 +170,19 @@ pub(crate) async fn resources_of(
         && let Some(cached) = ctx.caches.resources_of_request(&request)
     {
         let mut mine: Vec<ComposableResource> = cached.iter().map(|r| r.as_ref().clone()).collect();
-        let recorded = req.status.iter().flat_map(|s| s.resources.keys());
-        let missing: Vec<String> = recorded
-            .filter(|n| !mine.iter().any(|r| r.name_any() == **n))
-            .cloned()
+        let recorded = req.status.iter().flat_map(|s| s.resources.iter());
+        let missing: Vec<(String, bool)> = recorded
+            .filter(|(n, _)| !mine.iter().any(|r| r.name_any() == **n))
+            .map(|(n, e)| (n.clone(), e.state == ResourceState::Empty))
             .collect();
-        for name in missing {
-            if let Some(r) = api.get_opt(&name).await?
+        for (name, planned) in missing {
+            let found = match ctx.caches.unseen(&name).await {
+                Unseen::Shown(r) => Some(r.as_ref().clone()),
+                Unseen::Gone => None,
+                Unseen::Unknown if planned && unmade == Unmade::Absent => None,
+                Unseen::Unknown => api.get_opt(&name).await?,
+            };
+            if let Some(r) = found
                 && r.managed_by() == Some(request.as_str())
             {
                 mine.push(r);
@@ -252,7 +274,7 @@ async fn propagate_force_detach(
 ) -> Result<(), ReconcileError> {
     let want = req.spec.resource.force_detach;
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
-    for r in resources_of(ctx, req).await? {
+    for r in resources_of(ctx, req, Unmade::Read).await? {
         if r.spec.force_detach == want || (!want && r.is_being_deleted()) {
             continue;
         }

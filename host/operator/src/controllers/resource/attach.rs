@@ -10,6 +10,7 @@ use kube::{Resource, ResourceExt};
 
 use super::{Outcome, adopt, exposure};
 use crate::error::ReconcileError;
+use crate::nodeops::driver::CachedPods;
 use crate::nodeops::{Discovery, ExposureMode, driver};
 use crate::plumbing::conditions;
 use crate::plumbing::context::Context;
@@ -111,7 +112,8 @@ async fn gpu_driver(
         ctx.runner.as_ref(),
         node,
         &ctx.config.namespace,
-        ctx.caches.driver_pods_on(node),
+        CachedPods::current(ctx.caches.driver_pods_current(node).await),
+        &ctx.cluster_policy,
     )
     .await?;
     Ok(Some(discovery))
@@ -314,13 +316,12 @@ async fn machine_note(
         return Ok(None);
     }
     // What names a node's machine is set when the node joins, so the cached Node will
-    // do; one that names nothing (yet, or not yet in the cache) is read again.
-    let cached = ctx
-        .caches
-        .node(&res.spec.target_node)
-        .and_then(|n| NodeMachine::of_node(&n));
-    let machine = match cached {
-        Some(machine) => Some(machine),
+    // do, naming a machine or not; one the cache does not show (yet) is read. Reading a
+    // Node that names none again at every attach was a GET per device (docs/BENCHMARKS.md):
+    // a label set within the watch's latency before an attach is missed here, and the
+    // record learns the machine from the provider's reply instead (fabric_machine_note).
+    let machine = match ctx.caches.node(&res.spec.target_node) {
+        Some(node) => NodeMachine::of_node(&node),
         None => {
             let nodes: Api<Node> = Api::all(ctx.client.clone());
             nodes

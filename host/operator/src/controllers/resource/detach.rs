@@ -11,6 +11,7 @@ use kube::{Resource, ResourceExt};
 
 use super::{Outcome, exposure, node_exists};
 use crate::error::ReconcileError;
+use crate::nodeops::driver::CachedPods;
 use crate::nodeops::{Discovery, DrainOptions, Driver, ExposureMode, NodeOpsError, driver};
 use crate::plumbing::context::Context;
 use crate::plumbing::patch::{self, ResourceStatusPatch};
@@ -177,7 +178,8 @@ async fn drain_driver(
         ctx.runner.as_ref(),
         node,
         &ctx.config.namespace,
-        ctx.caches.driver_pods_on(node),
+        CachedPods::ready_only(ctx.caches.driver_pods_on(node)),
+        &ctx.cluster_policy,
     )
     .await?
     {
