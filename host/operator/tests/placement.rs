@@ -766,8 +766,9 @@ async fn requests_deleted_together_delete_each_device_once() {
 /// of the cluster: 2.65 lists per device at N = 1,000 in docs/BENCHMARKS.md), and reads
 /// by name of a resource the cache saw deleted, one this process is about to create or
 /// has just created, and the node's driver pods while an attach waits for the first to
-/// turn Ready (the old code listed them at each look: 6 LISTs here). The device plugin
-/// is still restarted.
+/// turn Ready (the old code listed them at each look: 6 LISTs here), and the new
+/// request at its first reconciliation (a GET before its finalizer's guarded write). The
+/// device plugin is still restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches() {
     const DEVICES: usize = 2;
@@ -780,11 +781,21 @@ async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches(
     let counted = reads.clone();
     let named = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let by_name = named.clone();
+    let of_request = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let request_seen = of_request.clone();
     start_operator_seeing_uris(&mut env, move |method, uri| {
+        let path = uri.path();
+        if path.ends_with("/composabilityrequests/r")
+            || path.ends_with("/composabilityrequests/r/status")
+        {
+            request_seen
+                .lock()
+                .unwrap()
+                .push(format!("{method} {path}"));
+        }
         if method != hyper::Method::GET {
             return;
         }
-        let path = uri.path();
         let query = uri
             .query()
             .unwrap_or("")
@@ -849,6 +860,15 @@ async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches(
     assert!(
         named.len() <= DEVICES,
         "resources read by name that the cache or this process knew of: {named:#?}"
+    );
+    // The new request's first reconciliation writes its finalizer, guarded by the
+    // watch's copy, without reading it first (the old code read each new request once).
+    let of_request = of_request.lock().unwrap().clone();
+    assert!(
+        of_request
+            .first()
+            .is_some_and(|first| first.starts_with("PATCH ")),
+        "the new request was read before its first (guarded) write: {of_request:#?}"
     );
     env.stop_operator().await.unwrap();
 }

@@ -42,9 +42,9 @@ pub(crate) struct Context {
     pub(crate) plugin_restarts: crate::nodeops::plugins::Restarts,
     /// The ClusterPolicy's driver flag as last read (see `nodeops::driver::discover`).
     pub(crate) cluster_policy: crate::nodeops::driver::ClusterPolicyMemo,
-    /// Per object, the resource version its last reconciliation here left it at (see
-    /// [`Context::is_current`]).
-    left_at: Mutex<HashMap<String, u64>>,
+    /// Per object, what its last reconciliation here left (see [`Context::is_current`]
+    /// and [`Context::first_look`]).
+    left_at: Mutex<HashMap<String, Left>>,
     /// Per request, when progress of its devices was first seen and not yet written (see
     /// `controllers::request::mirror::pace`).
     unwritten_progress: Mutex<ProgressBook>,
@@ -58,6 +58,16 @@ pub(crate) struct Context {
 /// deletion was asked this long ago shows it in every cache (or is gone).
 const DELETIONS_ASKED_ENTRIES: usize = 4096;
 const DELETION_SHOWN_WITHIN: Duration = Duration::from_secs(300);
+
+/// What the last reconciliation of an object here left it at.
+#[derive(Debug, Clone, Copy)]
+enum Left {
+    /// This resource version (comparable integers, as `Caches::caught_up` relies on too).
+    At(u64),
+    /// Not known: the reconciliation failed (what it wrote is unknown) or the version
+    /// was not a number.
+    Unknown,
+}
 
 /// Progress of one key (a request, a resource's wait) waiting to be written.
 struct Progress {
@@ -262,12 +272,13 @@ impl Context {
     }
 
     /// Records the version a reconciliation of `key` left the object at (None: it is
-    /// gone, or the reconciliation failed and what it wrote is not known).
+    /// gone; a failed reconciliation is [`Context::left_unknown`]).
     pub(crate) fn left_at(&self, key: &str, version: Option<&str>) {
         let mut left = lock(&self.left_at);
-        match version.and_then(|v| v.parse::<u64>().ok()) {
+        match version {
             Some(v) => {
-                left.insert(key.to_owned(), v);
+                let at = v.parse::<u64>().map_or(Left::Unknown, Left::At);
+                left.insert(key.to_owned(), at);
             }
             None => {
                 left.remove(key);
@@ -275,14 +286,26 @@ impl Context {
         }
     }
 
+    /// Records that a reconciliation of `key` failed: what it wrote is not known, so the
+    /// next one reads the object (neither [`Context::is_current`] nor
+    /// [`Context::first_look`] holds until a reconciliation succeeds).
+    pub(crate) fn left_unknown(&self, key: &str) {
+        lock(&self.left_at).insert(key.to_owned(), Left::Unknown);
+    }
+
     /// Whether a copy of `key` at `version` shows everything the last reconciliation here
-    /// wrote to it: there was one, it finished, and the copy is at least that new
-    /// (resource versions are comparable integers, as `Caches::caught_up` relies on too).
+    /// wrote to it: there was one, it finished, and the copy is at least that new.
     pub(crate) fn is_current(&self, key: &str, version: Option<&str>) -> bool {
         let Some(v) = version.and_then(|v| v.parse::<u64>().ok()) else {
             return false;
         };
-        lock(&self.left_at).get(key).is_some_and(|&left| v >= left)
+        matches!(lock(&self.left_at).get(key), Some(Left::At(left)) if v >= *left)
+    }
+
+    /// Whether `key` has never been reconciled here (or was last seen gone): no
+    /// reconciliation of it succeeded or failed since.
+    pub(crate) fn first_look(&self, key: &str) -> bool {
+        !lock(&self.left_at).contains_key(key)
     }
 
     /// Publishes an Event; a failure to do so is logged, never fatal.
@@ -447,17 +470,30 @@ mod tests {
     #[tokio::test]
     async fn a_copy_is_current_only_when_as_new_as_the_last_reconciliation_left_it() {
         let ctx = context();
-        // Never reconciled here: read it.
+        // Never reconciled here: read it (unless the controller knows a first look is safe).
         assert!(!ctx.is_current("r/a", Some("7")));
+        assert!(ctx.first_look("r/a"));
         ctx.left_at("r/a", Some("7"));
         assert!(ctx.is_current("r/a", Some("7")));
         assert!(ctx.is_current("r/a", Some("9")));
         assert!(!ctx.is_current("r/a", Some("6")));
         assert!(!ctx.is_current("r/a", None));
         assert!(!ctx.is_current("r/a", Some("not a number")));
-        // A failed reconciliation (or a deleted object) forgets: read it again.
-        ctx.left_at("r/a", None);
+        assert!(!ctx.first_look("r/a"));
+        // A failed reconciliation: read it again, and not as a first look.
+        ctx.left_unknown("r/a");
         assert!(!ctx.is_current("r/a", Some("9")));
+        assert!(!ctx.first_look("r/a"));
+        ctx.left_at("r/a", Some("10"));
+        assert!(ctx.is_current("r/a", Some("10")));
+        // A deleted object forgets: a new one of the same name is a first look.
+        ctx.left_at("r/a", None);
+        assert!(!ctx.is_current("r/a", Some("11")));
+        assert!(ctx.first_look("r/a"));
+        // A version that is not a number is not current, nor a first look.
+        ctx.left_at("r/a", Some("x"));
+        assert!(!ctx.is_current("r/a", Some("11")));
+        assert!(!ctx.first_look("r/a"));
     }
 
     #[tokio::test]

@@ -178,14 +178,24 @@ pub(crate) fn reconcile_span<K: Reported>(controller: &'static str, obj: &K) -> 
 /// reconciliation (of an object this process did not create), one after a failure and
 /// one whose copy lags always read. Reading every time was two of every five API reads
 /// of a convergence (docs/BENCHMARKS.md).
-pub(crate) async fn current<K>(ctx: &Context, obj: Arc<K>) -> Result<Option<K>, ReconcileError>
+///
+/// `proven_by_first_write`: a copy it holds for needs no read at its first look here
+/// ([`Context::first_look`]): the controller's first act on such an object is a write
+/// guarded by the copy's version, which a stale copy makes conflict (and the retry,
+/// after a failure, reads). The request controller says so of a request it has never
+/// touched (one GET per request before).
+pub(crate) async fn current<K>(
+    ctx: &Context,
+    obj: Arc<K>,
+    proven_by_first_write: impl FnOnce(&K) -> bool,
+) -> Result<Option<K>, ReconcileError>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    if ctx.is_current(
-        &object_key(obj.as_ref()),
-        obj.meta().resource_version.as_deref(),
-    ) {
+    let key = object_key(obj.as_ref());
+    if ctx.is_current(&key, obj.meta().resource_version.as_deref())
+        || (ctx.first_look(&key) && proven_by_first_write(obj.as_ref()))
+    {
         return Ok(Some(obj.as_ref().clone()));
     }
     let api: Api<K> = Api::all(ctx.client.clone());
@@ -238,11 +248,11 @@ where
         }
         Err(e) if e.is_conflict() => {
             tracing::debug!(object = %key, "conflict; retrying");
-            ctx.left_at(&key, None);
+            ctx.left_unknown(&key);
             Err(e)
         }
         Err(e) => {
-            ctx.left_at(&key, None);
+            ctx.left_unknown(&key);
             report_failure::<K>(ctx, &key, &reference, &name, &e).await;
             Err(e)
         }
@@ -290,7 +300,7 @@ where
             ctx.left_at(key, None);
         }
         Err(e) => {
-            ctx.left_at(key, None);
+            ctx.left_unknown(key);
             return Err(e);
         }
     }

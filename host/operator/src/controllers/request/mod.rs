@@ -130,10 +130,18 @@ pub(crate) async fn reconcile(
     obj: Arc<ComposabilityRequest>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let Some(fresh) = reconcile::current(&ctx, obj).await? else {
+    let Some(fresh) = reconcile::current(&ctx, obj, untouched).await? else {
         return Ok(Action::await_change());
     };
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
+}
+
+/// A request no reconciliation has touched (neither the finalizer nor a status: a new
+/// user's object, as its watch event shows it): its first reconciliation begins with
+/// the finalizer's write, guarded by the copy's version ([`step`]), so the copy needs no
+/// read before it (`reconcile::current`). Nothing else is done with the copy first.
+fn untouched(r: &ComposabilityRequest) -> bool {
+    !r.has_cro_finalizer() && r.status.is_none() && !r.is_being_deleted()
 }
 
 /// How [`resources_of`] takes a resource the request's status plans (its entry still
@@ -216,10 +224,8 @@ pub(crate) async fn set_state(
 
 async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
     let api: Api<ComposabilityRequest> = Api::all(ctx.client.clone());
-    if req.is_being_deleted() || spec_changed(&req) {
-        propagate_force_detach(ctx, &req).await?;
-    }
     if req.is_being_deleted() {
+        propagate_force_detach(ctx, &req).await?;
         // The resources' errors say why the cleanup does not finish (a node that cannot
         // run commands, a busy GPU): the request sums them up as it does while live.
         let (step, latest) = cleanup::on_delete(req, ctx).await?;
@@ -229,7 +235,12 @@ async fn step(req: ComposabilityRequest, ctx: &Context) -> Outcome {
             .unwrap_or_default();
         return Ok((step.with_error(error), latest));
     }
+    // First of all, on a copy that may not have been read (`untouched`): the write is
+    // guarded by its version, and its reply is the request as the API server has it.
     let req = patch::add_finalizer(&api, &req).await?;
+    if spec_changed(&req) {
+        propagate_force_detach(ctx, &req).await?;
+    }
     if let Some(target) = req.spec.resource.target_node()
         && !node_exists(ctx, target).await?
     {

@@ -59,7 +59,8 @@ pub(crate) async fn reconcile(
     if (obj.is_being_deleted() && !obj.has_cro_finalizer()) || ctx.caches.deleted_after(&obj) {
         return Ok(Action::await_change());
     }
-    let Some(fresh) = reconcile::current(&ctx, obj).await? else {
+    // A resource's first act is a provider call, not a guarded write: a first look reads.
+    let Some(fresh) = reconcile::current(&ctx, obj, |_| false).await? else {
         return Ok(Action::await_change());
     };
     reconcile::run(CONTROLLER, &ctx, fresh, |r| step(r, &ctx)).await
