@@ -588,19 +588,30 @@ impl Caches {
         }
     }
 
-    /// What the cache can say of resource `name` that it does not hold: created by this
-    /// process (then it waits, at most [`CATCH_UP`], for the cache to show the creation),
-    /// or deleted as its watch saw, or nothing. A creation of this process newer than a
-    /// deletion seen is a resource made again under the same name.
+    /// What the cache can say of resource `name` that it did not hold when the caller
+    /// looked: created by this process (then it waits, at most [`CATCH_UP`], for the
+    /// cache to show the creation), or deleted as its watch saw, or shown since the
+    /// caller looked, or nothing. A creation of this process newer than a deletion seen
+    /// is a resource made again under the same name.
     pub(crate) async fn unseen(&self, name: &str) -> Unseen {
         let created = {
             let index = self.lock_index();
             let gone = index.gone.version(name);
             match index.created.version(name) {
-                Some(c) if gone.is_none_or(|g| g < c) => c,
+                Some(c) if gone.is_none_or(|g| g < c) => Some(c),
                 _ if gone.is_some() => return Unseen::Gone,
-                _ => return Unseen::Unknown,
+                _ => None,
             }
+        };
+        // No mark: never created here, or shown since the caller looked (a creation's
+        // mark goes once the cache shows it). Taken as unknown, a resource this process
+        // created a moment ago was created again (refused as already made: a few per
+        // hundred devices in docs/BENCHMARKS.md).
+        let Some(created) = created else {
+            return match self.resources.get(&reflector::ObjectRef::new(name)) {
+                Some(r) => Unseen::Shown(r),
+                None => Unseen::Unknown,
+            };
         };
         if !self.seen(created).await {
             return Unseen::Unknown;
@@ -877,6 +888,32 @@ mod tests {
         assert_eq!(says(caches.unseen("a").await), "unknown");
         assert!(caches.lock_index().created.version("a").is_none());
         assert!(!caches.deleted_after(&at(a.clone(), 10)));
+    }
+
+    #[tokio::test]
+    async fn a_creation_the_cache_showed_since_the_caller_looked_is_shown() {
+        let caches = Caches::default();
+        let a = at(res("a", "req", "n1", ""), 9);
+        caches.note_created(&a);
+        // The caller read the request's resources without "a"; then the watch showed it:
+        // the store holds it and the index dropped the creation's mark.
+        let mut writers = caches.writers.lock().unwrap().take().unwrap();
+        writers
+            .resources
+            .apply_watcher_event(&watcher::Event::Apply(a.clone()));
+        caches.lock_index().on(&watcher::Event::Apply(a.clone()));
+        caches.resources_seen.store(9, Ordering::SeqCst);
+        assert!(caches.lock_index().created.version("a").is_none());
+        // Not unknown: the caller would create it again.
+        assert_eq!(says(caches.unseen("a").await), "shown");
+        // Deleted as the watch saw: gone, not shown.
+        writers
+            .resources
+            .apply_watcher_event(&watcher::Event::Delete(at(a.clone(), 10)));
+        caches
+            .lock_index()
+            .on(&watcher::Event::Delete(at(a.clone(), 10)));
+        assert_eq!(says(caches.unseen("a").await), "gone");
     }
 
     #[test]
