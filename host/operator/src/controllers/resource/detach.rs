@@ -1,5 +1,6 @@
-//! Deletion: Detaching (idle check, taint, drain, fabric remove, wait until gone,
-//! untaint, ids cleared) → Deleting (finalizer removed).
+//! Deletion: the detach (idle check, taint, drain, fabric remove, wait until gone,
+//! untaint), then the finalizer removed. `Detaching` is written when the detach waits or
+//! fails, not before it starts.
 
 use cro_api::{
     ANNOTATION_SKIP_NODE_STEPS, ComposableResource, CroObjectExt, ResourceState, ResourceType,
@@ -41,24 +42,53 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
         patch::remove_finalizer(&api, &res).await?;
         return Ok((Step::wait(), None));
     }
-    let res = if state == ResourceState::Detaching {
-        res
-    } else {
-        let res = patch::status(
-            &api,
-            &res,
-            &ResourceStatusPatch::state(ResourceState::Detaching).keep_error(),
-            true,
-        )
-        .await?;
-        // No Event: one per device per phase, and `Detached` (or a warning on the way,
-        // `GpuBusy`, `NodeCommandFailed`) says what this one would (docs/BENCHMARKS.md,
-        // the write budget).
-        tracing::info!(node = %res.spec.target_node,
-            device = ?res.device_id().unwrap_or("?"), "detaching");
-        res
-    };
-    detaching(res, ctx).await
+    if state == ResourceState::Detaching {
+        return detaching(res, ctx).await;
+    }
+    // No Event: one per device per phase, and `Detached` (or a warning on the way,
+    // `GpuBusy`, `NodeCommandFailed`) says what this one would (docs/BENCHMARKS.md,
+    // the write budget).
+    tracing::info!(node = %res.spec.target_node,
+        device = ?res.device_id().unwrap_or("?"), "detaching");
+    // `Detaching` is written only when the detach does not end in this reconciliation
+    // (a write per device, docs/BENCHMARKS.md, the write budget). It is not what makes a
+    // detach crash-safe: the deletion and the finalizer are, stored by the API server
+    // before this runs. A restart finds a resource being deleted whatever its state says
+    // and detaches again, which is safe (see [`finish`]). What the state is for is what
+    // users see: a detach that waits (the fabric still working, the GPU still on the
+    // node) or fails (a busy GPU, a node that cannot run commands) shows `Detaching`,
+    // with the error; one that ends at once lets the object go instead.
+    let outcome = detaching(res.clone(), ctx).await;
+    match outcome {
+        Ok((step, None)) => Ok((step, None)),
+        Ok((step, Some(left))) => Ok((step, Some(mark_detaching(&api, &left).await?))),
+        // A conflict is tried again at once, from what is there now.
+        Err(e) if e.is_conflict() => Err(e),
+        Err(e) => {
+            if let Err(write) = mark_detaching(&api, &res).await {
+                tracing::warn!(error = %write, "cannot record the detach as under way");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Records a detach that did not end at once as under way (the error it met is kept:
+/// the error policy writes the new one).
+async fn mark_detaching(
+    api: &Api<ComposableResource>,
+    res: &ComposableResource,
+) -> Result<ComposableResource, ReconcileError> {
+    if res.state() == ResourceState::Detaching {
+        return Ok(res.clone());
+    }
+    patch::status(
+        api,
+        res,
+        &ResourceStatusPatch::state(ResourceState::Detaching).keep_error(),
+        true,
+    )
+    .await
 }
 
 /// Which of a detach's steps on the node run (docs/troubleshooting.md, "Ways out").
