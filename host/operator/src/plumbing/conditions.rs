@@ -230,6 +230,14 @@ pub(crate) fn resource_readiness(
     }
 }
 
+/// The generation the Ready condition was written for, if any.
+fn ready_generation<K: Reported>(obj: &K) -> Option<i64> {
+    obj.conditions()
+        .iter()
+        .find(|c| c.type_ == READY)
+        .and_then(|c| c.observed_generation)
+}
+
 /// `conditions` with Ready set to `readiness`, or `None` when Ready already says that.
 /// The transition time is kept unless the status (True/False) changes.
 pub(crate) fn with_ready(
@@ -316,9 +324,20 @@ pub(crate) fn report_patch<K: Reported>(
         },
         None => obj.readiness(error),
     };
+    let mut conditions = with_ready(obj.conditions(), &readiness, obj.meta().generation, now);
+    // The API server counts a deletion as a new generation (of an object holding a
+    // finalizer): a Ready condition that says the same for the generation before needs no
+    // write of its own (it comes with the next state written, if any: a request being
+    // deleted that is gone before `Cleaning` is due writes nothing).
+    if conditions.is_some()
+        && obj.meta().deletion_timestamp.is_some()
+        && with_ready(obj.conditions(), &readiness, ready_generation(obj), now).is_none()
+    {
+        conditions = None;
+    }
     let patch = ReportPatch {
         error: (obj.status_error() != error).then(|| error.to_owned()),
-        conditions: with_ready(obj.conditions(), &readiness, obj.meta().generation, now),
+        conditions,
     };
     (patch != ReportPatch::default()).then_some(patch)
 }
@@ -393,6 +412,39 @@ mod tests {
         let detaching = resource_readiness(&ResourceState::Detaching, "", "GPU-1", "n1");
         let fifth = with_ready(&fourth, &detaching, Some(2), t5).unwrap();
         assert_eq!(ready(&fifth).last_transition_time, Time(t5));
+    }
+
+    /// A deletion alone (the API server's new generation of an object holding a
+    /// finalizer) is no Ready write; an error met while being deleted is.
+    #[test]
+    fn a_deletion_alone_does_not_rewrite_the_ready_condition() {
+        use cro_api::{ComposabilityRequest, RequestState};
+        let t0 = at("2026-01-01T00:00:00Z");
+        let mut req: ComposabilityRequest = serde_json::from_value(json!({
+            "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1",
+            "kind": "ComposabilityRequest",
+            "metadata": {"name": "r", "generation": 1},
+            "spec": {"resource": {"type": "gpu", "model": "A100", "size": 1}},
+        }))
+        .unwrap();
+        let running = request_readiness(&RequestState::Running, "", 0);
+        req.status = Some(ComposabilityRequestStatus {
+            state: RequestState::Running,
+            conditions: with_ready(&[], &running, Some(1), t0).unwrap(),
+            ..Default::default()
+        });
+        let later = at("2026-01-01T00:01:00Z");
+        assert!(report_patch(&req, "", None, later).is_none());
+        // Deleted: generation 2, deletionTimestamp set.
+        req.metadata.generation = Some(2);
+        req.metadata.deletion_timestamp = Some(Time(later));
+        assert!(report_patch(&req, "", None, later).is_none());
+        let failing = report(&req, "GPU busy", later).expect("an error is written");
+        assert_eq!(failing["error"], "GPU busy");
+        assert_eq!(failing["conditions"][0]["observedGeneration"], 2);
+        // Not being deleted, a new generation is recorded.
+        req.metadata.deletion_timestamp = None;
+        assert!(report_patch(&req, "", None, later).is_some());
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Deletion of a request: Cleaning (delete every ComposableResource of it and wait until
-//! none is left) → Deleting (remove the finalizer).
+//! Deletion of a request: delete every ComposableResource of it and wait until none is
+//! left (`Cleaning`, written once that lasts), then remove the finalizer.
+
+use std::time::Duration;
 
 use cro_api::{ComposabilityRequest, ComposableResource, CroObjectExt, RequestState};
 use kube::ResourceExt;
@@ -7,6 +9,7 @@ use kube::api::Api;
 
 use super::mirror::entry_of;
 use super::{Outcome, Unmade, paced, resources_of, set_state, status_of};
+use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch;
 use crate::plumbing::reconcile::{self, Step};
@@ -16,14 +19,10 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
     if !req.has_cro_finalizer() {
         return Ok((Step::wait(), None));
     }
-    let req = match req.state() {
-        RequestState::Deleting => {
-            patch::remove_finalizer(&api, &req).await?;
-            return Ok((Step::wait(), None));
-        }
-        RequestState::Cleaning => req,
-        _ => set_state(ctx, &req, RequestState::Cleaning).await?,
-    };
+    if req.state() == RequestState::Deleting {
+        patch::remove_finalizer(&api, &req).await?;
+        return Ok((Step::wait(), None));
+    }
 
     let resources: Api<ComposableResource> = Api::all(ctx.client.clone());
     let objects = resources_of(ctx, &req, Unmade::Read).await?;
@@ -39,12 +38,17 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
         return Ok((Step::wait(), None));
     }
 
-    let old = status_of(&req);
-    let mut new = old.clone();
-    new.resources = objects
+    let entries: super::mirror::Entries = objects
         .iter()
         .map(|o| (o.name_any(), entry_of(o)))
         .collect();
+    let (req, not_yet) = cleaning(ctx, req, &entries).await?;
+    if let Some(wait) = not_yet {
+        return Ok((Step::requeue(wait), Some(req)));
+    }
+    let old = status_of(&req);
+    let mut new = old.clone();
+    new.resources = entries;
     // While Cleaning, every change of the mirror is progress (devices detaching and
     // going), written together within a minute by default (super::paced,
     // `Context::cleaning_progress_delay`): a request being deleted is waited on for its
@@ -63,4 +67,32 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
     // The resources' deletion wakes the request; the requeue only guards a lost watch,
     // or writes progress that waited.
     Ok((Step::requeue(requeue), Some(req)))
+}
+
+/// The request as `Cleaning`, with how long until it is written when it is not yet.
+///
+/// `Cleaning` is what users see of a deletion that lasts, not what makes it safe: the
+/// deletion and the finalizer are the plan a restart finishes (it finds the request
+/// being deleted whatever its state says). So it waits `timings.mirror_delay` from when
+/// the deletion is first seen, the way a device's wait on its node does (a write per
+/// request, docs/BENCHMARKS.md, the write budget): a request whose devices are all gone
+/// sooner goes with its last state, and the finalizer's removal is its only write down. A
+/// device that reports an error on the way shows it at once, on a `Cleaning` request.
+async fn cleaning(
+    ctx: &Context,
+    req: ComposabilityRequest,
+    entries: &super::mirror::Entries,
+) -> Result<(ComposabilityRequest, Option<Duration>), ReconcileError> {
+    if req.state() == RequestState::Cleaning {
+        return Ok((req, None));
+    }
+    let key = reconcile::object_key(&req);
+    let failing = entries.values().any(|e| !e.error.is_empty());
+    if !failing && let Some(wait) = ctx.progress_wait(&key, ctx.config.timings.mirror_delay) {
+        return Ok((req, Some(wait)));
+    }
+    let req = set_state(ctx, &req, RequestState::Cleaning).await?;
+    // The progress seen so far rode along; the mirror's pace starts again from here.
+    ctx.progress_written(&key);
+    Ok((req, None))
 }
