@@ -73,8 +73,10 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
 ///
 /// `Cleaning` is what users see of a deletion that lasts, not what makes it safe: the
 /// deletion and the finalizer are the plan a restart finishes (it finds the request
-/// being deleted whatever its state says). So it waits `timings.mirror_delay` from when
-/// the deletion is first seen, the way a device's wait on its node does (a write per
+/// being deleted whatever its state says). So it waits `timings.mirror_delay`, the way a
+/// device's wait on its node does, counted as the request's unwritten progress is
+/// (`Context::progress_wait`: from the deletion, or from progress already waiting before
+/// it, whichever was seen first) (a write per
 /// request, docs/BENCHMARKS.md, the write budget): a request whose devices are all gone
 /// sooner goes with its last state, and the finalizer's removal is its only write down. A
 /// device that reports an error on the way shows it at once, on a `Cleaning` request.
@@ -91,8 +93,6 @@ async fn cleaning(
     if !failing && let Some(wait) = ctx.progress_wait(&key, ctx.config.timings.mirror_delay) {
         return Ok((req, Some(wait)));
     }
-    let req = set_state(ctx, &req, RequestState::Cleaning).await?;
-    // The progress seen so far rode along; the mirror's pace starts again from here.
-    ctx.progress_written(&key);
-    Ok((req, None))
+    // The state alone: progress still waiting (the mirror) keeps its pace.
+    Ok((set_state(ctx, &req, RequestState::Cleaning).await?, None))
 }

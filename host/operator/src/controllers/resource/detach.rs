@@ -74,14 +74,11 @@ pub(super) async fn on_delete(res: ComposableResource, ctx: &Context) -> Outcome
 }
 
 /// Records a detach that did not end at once as under way (the error it met is kept:
-/// the error policy writes the new one).
+/// the error policy writes the new one). Only for a resource not `Detaching` yet.
 async fn mark_detaching(
     api: &Api<ComposableResource>,
     res: &ComposableResource,
 ) -> Result<ComposableResource, ReconcileError> {
-    if res.state() == ResourceState::Detaching {
-        return Ok(res.clone());
-    }
     patch::status(
         api,
         res,
