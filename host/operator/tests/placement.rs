@@ -888,6 +888,49 @@ async fn daemonsets_and_a_cleaned_requests_resources_are_read_from_watch_caches(
     env.stop_operator().await.unwrap();
 }
 
+/// GETs of Nodes the API server answered so far (its own request counter: the
+/// provider's cluster view reads through a client of its own, which no layer of the
+/// operator's client sees).
+async fn node_gets(env: &Env) -> u64 {
+    let request = hyper::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = env.client.request_text(request).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| {
+            l.contains("resource=\"nodes\"")
+                && l.contains("verb=\"GET\"")
+                && l.contains("subresource=\"\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The provider looks its node's Node up on every attach (to find the node's fabric
+/// machine); the operator answers those lookups from its own Node watch cache, lent to
+/// the provider's cluster view as `cro run` does. Before, each was a GET of the API
+/// server: one per device (3 here; 1 per device in docs/BENCHMARKS.md's count of the API
+/// server's requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_s_node_lookups_are_answered_from_the_operator_s_node_cache() {
+    const DEVICES: usize = 3;
+    let mut env = Env::start().await;
+    let machine = env.add_node("worker-1", "16").await;
+    env.sim.add_free_devices("gpu", MODEL, DEVICES);
+    env.start_operator().await;
+    let before = node_gets(&env).await;
+    env.create_request("r", gpu(DEVICES as i64)).await;
+    env.wait_running("r", DEVICES).await;
+    let gets = node_gets(&env).await - before;
+    println!("GETs of Nodes while {DEVICES} devices were attached: {gets}");
+    assert_eq!(
+        gets, 0,
+        "the provider's Node lookups reached the API server"
+    );
+    // Each device went to the node's machine, which the provider read from the Node.
+    let attached = env.gpus_on(&machine);
+    assert_eq!(attached.len(), DEVICES, "attached: {attached:?}");
+}
+
 /// (status writes, metadata writes) of resource `name` among the written `paths` (each
 /// the part after `/composableresources/`).
 fn writes_of(paths: &[String], name: &str) -> (usize, usize) {

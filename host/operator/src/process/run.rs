@@ -23,6 +23,7 @@ use crate::nodeops::{CommandRunner, ExposureMode, KubeExecRunner};
 use crate::plumbing::context::Context;
 use crate::provider::DeviceProvider;
 use crate::provider::credentials::NamingSecret;
+use crate::provider::node_cache::NodeCache;
 use crate::provider::tenure::{Tenure, TenureCell};
 use crate::registry;
 use crate::registry::spec::load_provider;
@@ -57,6 +58,9 @@ pub struct Operator {
     objects: Option<(Arc<Registry>, WatchOptions)>,
     /// Every provider by name: the free pool is read per provider.
     registry: Arc<Registry>,
+    /// Where the providers' cluster views look Nodes up first: the operator lends its
+    /// Node cache there when its caches start (crate::provider::node_cache).
+    nodes: NodeCache,
 }
 
 impl Operator {
@@ -84,7 +88,15 @@ impl Operator {
         // `--provider-spec` or the Go environment: one implicit provider serving every
         // node, under its name in logs (crate::registry).
         let registry = Registry::single_in(IMPLICIT_PROVIDER, provider, tenure);
-        Self::with_provider(client, registry, runner, config)
+        Self::with_provider(client, registry, runner, config, NodeCache::default())
+    }
+
+    /// The provider's Node lookups through `nodes` (the handle its cluster view was
+    /// built with, [`crate::RememberingCluster::with_nodes`]) are answered from this
+    /// operator's Node cache while it runs.
+    pub fn serving_node_lookups(mut self, nodes: NodeCache) -> Self {
+        self.nodes = nodes;
+        self
     }
 
     /// The operator running the providers of the cluster's `CdiProvider` objects.
@@ -94,14 +106,15 @@ impl Operator {
         config: OperatorConfig,
         fetch: crate::source::FetchOptions,
     ) -> Self {
-        let registry = Registry::for_objects();
+        let nodes = NodeCache::default();
+        let registry = Registry::for_objects(nodes.clone());
         let options = WatchOptions {
             fetch,
             allowed_secret_namespaces: config.secret_namespaces(),
             resync: config.timings.sync_period,
             controller_name: config.controller_name.clone(),
         };
-        let mut operator = Self::with_provider(client, registry.clone(), runner, config);
+        let mut operator = Self::with_provider(client, registry.clone(), runner, config, nodes);
         operator.objects = Some((registry, options));
         operator
     }
@@ -111,6 +124,7 @@ impl Operator {
         registry: Arc<Registry>,
         runner: Arc<dyn CommandRunner>,
         config: OperatorConfig,
+        nodes: NodeCache,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let routed = registry.clone();
@@ -141,6 +155,7 @@ impl Operator {
             health: None,
             objects: None,
             registry,
+            nodes,
         }
     }
 
@@ -387,8 +402,13 @@ impl Operator {
         workers.spawn(async move {
             tokio::select! { () = caches => {}, () = cache_stop => {} }
         });
+        // The providers' Node lookups and routing by node labels read this cache (for
+        // `CdiProvider` objects both handles are the registry's).
+        self.nodes.serve_from(ctx.caches.node_store());
+        if let Some(routing) = self.registry.node_cache() {
+            routing.serve_from(ctx.caches.node_store());
+        }
         if let Some((registry, options)) = self.objects.take() {
-            registry.read_node_labels_from(ctx.caches.node_store());
             let (c, s) = (self.client.clone(), stop.clone());
             workers.spawn(async move {
                 tokio::select! { () = registry::watch::run(registry, c, options) => {}, () = s => {} }
@@ -557,9 +577,16 @@ pub async fn run(mut config: OperatorConfig) -> Result<(), OperatorError> {
     }
     // The provider's fence reads the tenure the operator puts here when it starts.
     let tenure = TenureCell::default();
-    let provider =
-        load_provider(&mut config, client.clone(), tenure.fence(IMPLICIT_PROVIDER)).await?;
+    let nodes = NodeCache::default();
+    let provider = load_provider(
+        &mut config,
+        client.clone(),
+        tenure.fence(IMPLICIT_PROVIDER),
+        nodes.clone(),
+    )
+    .await?;
     Operator::new_in(client, provider, runner, config, tenure)
+        .serving_node_lookups(nodes)
         .run_until(shutdown_signal())
         .await
 }

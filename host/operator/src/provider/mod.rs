@@ -2,6 +2,7 @@
 //! behind them (the host runtime with a vendor component in production).
 
 pub(crate) mod credentials;
+pub(crate) mod node_cache;
 pub(crate) mod node_machine;
 pub(crate) mod tenure;
 

@@ -25,6 +25,8 @@ use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::node_cache::NodeCache;
+
 pub(crate) use cro_api::ANNOTATION_NODE_MACHINE;
 
 /// The Node annotation that names its Machine (OpenShift and Cluster API machines).
@@ -167,15 +169,29 @@ fn is_node(api_version: &str, kind: &str) -> bool {
 }
 
 /// The cluster as the provider reads it, plus stand-ins for deleted Nodes whose
-/// machines ComposableResources remembered (see the module comment).
+/// machines ComposableResources remembered (see the module comment), with Node lookups
+/// answered from the operator's Node cache once it lends it ([`NodeCache`]).
 pub struct RememberingCluster<C> {
     inner: C,
     client: kube::Client,
+    nodes: NodeCache,
 }
 
 impl<C: ClusterReader> RememberingCluster<C> {
     pub fn new(inner: C, client: kube::Client) -> Self {
-        Self { inner, client }
+        Self {
+            inner,
+            client,
+            nodes: NodeCache::default(),
+        }
+    }
+
+    /// Node lookups are answered from the cache the operator lends `nodes`
+    /// ([`crate::Operator::serving_node_lookups`]), and from the API server when it
+    /// cannot answer.
+    pub fn with_nodes(mut self, nodes: NodeCache) -> Self {
+        self.nodes = nodes;
+        self
     }
 
     async fn remembered(&self) -> Result<BTreeMap<String, NodeMachine>, ClusterError> {
@@ -205,6 +221,14 @@ impl<C: ClusterReader> ClusterReader for RememberingCluster<C> {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Value, ClusterError>> {
         Box::pin(async move {
+            if is_node(api_version, kind)
+                && namespace.is_none()
+                && let Some(node) = self.nodes.get(name)
+            {
+                // k8s-openapi writes apiVersion and kind: it reads as a GET of it.
+                return serde_json::to_value(&*node)
+                    .map_err(|e| ClusterError::Api(format!("v1 Node {name}: {e}")));
+            }
             let found = self
                 .inner
                 .get_object(api_version, kind, namespace, name)

@@ -8,6 +8,7 @@ use cro_api::{CdiProviderSpec, reasons};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{ProviderSpec, Runtime};
 
+use crate::provider::node_cache::NodeCache;
 use crate::provider::node_machine::RememberingCluster;
 use crate::source::{self, SourceError};
 
@@ -89,15 +90,18 @@ pub(crate) struct Loaded {
 }
 
 /// Loads `fetched` under `spec` and validates it (contract, `describe()`, grants,
-/// limits, configuration keys); its HTTP requests ask `fence` before they are sent.
+/// limits, configuration keys); its HTTP requests ask `fence` before they are sent, its
+/// Node lookups `nodes` first.
 pub(crate) async fn instantiate(
     client: &kube::Client,
     runtime: &Runtime,
     spec: &ProviderSpec,
     fetched: source::Fetched,
     fence: cro_runtime::Fence,
+    nodes: NodeCache,
 ) -> Result<Loaded, LoadError> {
-    let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+    let cluster =
+        RememberingCluster::new(KubeCluster::new(client.clone()), client.clone()).with_nodes(nodes);
     let options = cro_runtime::LoadOptions::default().with_fence(fence);
     let provider = runtime
         .load_bytes_with(spec, fetched.bytes, Arc::new(cluster), options)

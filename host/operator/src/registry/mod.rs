@@ -21,7 +21,7 @@ pub(crate) mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use cro_runtime::CallError;
 use cro_runtime::domain::{
@@ -29,9 +29,8 @@ use cro_runtime::domain::{
     RemoveOutcome,
 };
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Node;
-use kube::runtime::reflector::{self, Store};
 
+use crate::provider::node_cache::NodeCache;
 use crate::provider::tenure::{Tenure, TenureCell};
 use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use route::{RouteEntry, RouteError};
@@ -99,11 +98,11 @@ impl Slot {
     }
 }
 
-/// Where node labels come from: the operator's Node watch cache (handed over once the
-/// operator leads, [`Registry::read_node_labels_from`]), or (one implicit provider)
-/// nowhere, since every node is then served by it.
+/// Where node labels come from: the operator's Node watch cache (lent to the
+/// [`NodeCache`] once the operator's caches start), or (one implicit provider) nowhere,
+/// since every node is then served by it.
 enum Labels {
-    Cache(OnceLock<Store<Node>>),
+    Cache(NodeCache),
     NotNeeded,
 }
 
@@ -119,23 +118,25 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); node labels
-    /// come from the Node cache given to [`Registry::read_node_labels_from`].
-    pub(crate) fn for_objects() -> Arc<Registry> {
+    /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); it routes
+    /// by the labels of the Nodes the operator lends `nodes` (its own Node watch cache,
+    /// so the registry adds no second watch of every Node), and its providers look Nodes
+    /// up there too.
+    pub(crate) fn for_objects(nodes: NodeCache) -> Arc<Registry> {
         Arc::new(Registry {
             slots: RwLock::default(),
-            labels: Labels::Cache(OnceLock::new()),
+            labels: Labels::Cache(nodes),
             tenure: TenureCell::default(),
             changed: tokio::sync::Notify::new(),
         })
     }
 
-    /// Routes by the labels of the Nodes in `nodes` (the operator's own Node watch
-    /// cache, so the registry adds no second watch of every Node). Only the first call
-    /// counts; a registry of one implicit provider needs no labels and ignores it.
-    pub(crate) fn read_node_labels_from(&self, nodes: Store<Node>) {
-        if let Labels::Cache(cell) = &self.labels {
-            let _ = cell.set(nodes);
+    /// Where the providers this registry loads look Nodes up first (None for one
+    /// implicit provider, loaded before the registry).
+    pub(crate) fn node_cache(&self) -> Option<&NodeCache> {
+        match &self.labels {
+            Labels::Cache(nodes) => Some(nodes),
+            Labels::NotNeeded => None,
         }
     }
 
@@ -231,9 +232,8 @@ impl Registry {
     fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
         match &self.labels {
             Labels::NotNeeded => Some(BTreeMap::new()),
-            Labels::Cache(cell) => cell
-                .get()?
-                .get(&reflector::ObjectRef::new(node))
+            Labels::Cache(nodes) => nodes
+                .get(node)
                 .map(|n| n.metadata.labels.clone().unwrap_or_default()),
         }
     }

@@ -12,6 +12,7 @@ use crate::config::compat;
 use crate::config::{OperatorConfig, ProviderSource};
 use crate::error::OperatorError;
 use crate::provider::DeviceProvider;
+use crate::provider::node_cache::NodeCache;
 use crate::provider::node_machine::RememberingCluster;
 
 /// The provider spec the configuration names: a spec file, or the Go operator's
@@ -77,15 +78,18 @@ pub fn provider_spec(
 }
 
 /// Loads the provider of `spec`, reading the cluster through `client` (and remembering
-/// the machines of deleted Nodes, crate::provider::node_machine).
+/// the machines of deleted Nodes, crate::provider::node_machine), its Node lookups
+/// through `nodes` first.
 pub(crate) async fn load_spec(
     spec: &ProviderSpec,
     client: kube::Client,
     fence: Option<cro_runtime::Fence>,
+    nodes: NodeCache,
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
     let runtime = Runtime::new(RuntimeOptions::default())
         .map_err(|e| OperatorError::Provider(e.to_string()))?;
-    let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client);
+    let cluster =
+        RememberingCluster::new(KubeCluster::new(client.clone()), client).with_nodes(nodes);
     let mut options = cro_runtime::LoadOptions::default();
     if let Some(fence) = fence {
         options = options.with_fence(fence);
@@ -101,13 +105,15 @@ pub(crate) async fn load_spec(
 }
 
 /// Loads the provider the configuration names (see [`provider_spec`]); records its
-/// Secret grant in the configuration so credential failures name it.
+/// Secret grant in the configuration so credential failures name it. Its Node lookups
+/// are answered from the cache the operator lends `nodes`.
 pub(crate) async fn load_provider(
     config: &mut OperatorConfig,
     client: kube::Client,
     fence: cro_runtime::Fence,
+    nodes: NodeCache,
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
     let spec = provider_spec(config, |k| std::env::var(k).ok())?;
     config.credentials = spec.grants.secret.clone();
-    load_spec(&spec, client, Some(fence)).await
+    load_spec(&spec, client, Some(fence), nodes).await
 }

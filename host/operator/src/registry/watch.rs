@@ -266,7 +266,8 @@ impl Watcher {
         }
         let digest = fetched.digest.clone();
         let fence = self.registry.fence(&name);
-        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched, fence)
+        let nodes = self.registry.node_cache().cloned().unwrap_or_default();
+        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched, fence, nodes)
             .await
             .map_err(|e| (e, Some(digest)))?;
         Ok(Some((loaded.provider, loaded.digest)))

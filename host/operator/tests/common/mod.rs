@@ -22,9 +22,9 @@ use cro_api::{
     ComposabilityRequest, ComposabilityRequestSpec, ComposableResource, LABEL_MANAGED_BY,
     ResourceType, ScalarResourceDetails,
 };
-use cro_operator::RememberingCluster;
 use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
 use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
+use cro_operator::{NodeCache, RememberingCluster};
 use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{Runtime, RuntimeOptions};
 use fabric_sim::{FabricSim, SimConfig};
@@ -165,6 +165,9 @@ pub struct Env {
     /// `pods/exec` of the API server on a real node.
     pub runner: Arc<dyn CommandRunner>,
     pub provider: Arc<dyn DeviceProvider>,
+    /// Where [`Env::provider`]'s cluster view looks Nodes up first: the operator
+    /// [`Env::start_operator`] starts lends its Node cache there.
+    pub node_cache: NodeCache,
     pub config: OperatorConfig,
     operator: Option<Running>,
     pub api: FabricApi,
@@ -319,6 +322,7 @@ impl Env {
 struct Parts {
     sim: FabricSim,
     provider: Arc<dyn DeviceProvider>,
+    node_cache: NodeCache,
     config: OperatorConfig,
     api: FabricApi,
     ca_file: tempfile::NamedTempFile,
@@ -395,7 +399,10 @@ impl Parts {
         let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
         // As `cro run` loads it: Nodes deleted later are still found through the
         // machines resources recorded.
-        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+        // Its Node lookups answered from the operator's Node cache, as `cro run` does.
+        let node_cache = NodeCache::default();
+        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone())
+            .with_nodes(node_cache.clone());
         let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
@@ -408,6 +415,7 @@ impl Parts {
         Parts {
             sim,
             provider: Arc::new(provider),
+            node_cache,
             config,
             api,
             ca_file,
@@ -460,7 +468,10 @@ impl Parts {
             "CDI_PROVIDER_TYPE=NEC runs the NEC component"
         );
         let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
-        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone());
+        // Its Node lookups answered from the operator's Node cache, as `cro run` does.
+        let node_cache = NodeCache::default();
+        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone())
+            .with_nodes(node_cache.clone());
         let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
@@ -473,6 +484,7 @@ impl Parts {
         Parts {
             sim: FabricSim::start(SimConfig::default()).unwrap(),
             provider: Arc::new(provider),
+            node_cache,
             config,
             api: FabricApi::Fm,
             ca_file: tempfile::NamedTempFile::new().unwrap(),
@@ -496,6 +508,7 @@ impl Parts {
             nodes,
             runner,
             provider: self.provider,
+            node_cache: self.node_cache,
             config: self.config,
             operator: None,
             api: self.api,
@@ -695,7 +708,8 @@ impl Env {
             self.provider.clone(),
             self.runner.clone(),
             self.config.clone(),
-        );
+        )
+        .serving_node_lookups(self.node_cache.clone());
         let addrs = operator.bind().await.expect("listeners");
         self.metrics = Some(operator.metrics());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
