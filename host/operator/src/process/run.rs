@@ -92,7 +92,7 @@ impl Operator {
     }
 
     /// The provider's Node lookups through `nodes` (the handle its cluster view was
-    /// built with, [`crate::RememberingCluster::with_nodes`]) are answered from this
+    /// built with, [`crate::RememberingCluster::of_api_server`]) are answered from this
     /// operator's Node cache while it runs.
     pub fn serving_node_lookups(mut self, nodes: NodeCache) -> Self {
         self.nodes = nodes;

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use cro_api::ComposableResource;
-use cro_runtime::cluster::{BoxFuture, ClusterError, ClusterReader};
+use cro_runtime::cluster::{BoxFuture, ClusterError, ClusterReader, KubeCluster};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -177,23 +177,20 @@ pub struct RememberingCluster<C> {
     nodes: NodeCache,
 }
 
-impl<C: ClusterReader> RememberingCluster<C> {
-    pub fn new(inner: C, client: kube::Client) -> Self {
+impl RememberingCluster<KubeCluster> {
+    /// The cluster view `cro run` gives a provider: the API server through `client`,
+    /// Node lookups answered first from the cache the operator lends `nodes`
+    /// ([`crate::Operator::serving_node_lookups`]).
+    pub fn of_api_server(client: kube::Client, nodes: NodeCache) -> Self {
         Self {
-            inner,
+            inner: KubeCluster::new(client.clone()),
             client,
-            nodes: NodeCache::default(),
+            nodes,
         }
     }
+}
 
-    /// Node lookups are answered from the cache the operator lends `nodes`
-    /// ([`crate::Operator::serving_node_lookups`]), and from the API server when it
-    /// cannot answer.
-    pub fn with_nodes(mut self, nodes: NodeCache) -> Self {
-        self.nodes = nodes;
-        self
-    }
-
+impl<C: ClusterReader> RememberingCluster<C> {
     async fn remembered(&self) -> Result<BTreeMap<String, NodeMachine>, ClusterError> {
         let api: Api<ComposableResource> = Api::all(self.client.clone());
         let list = api

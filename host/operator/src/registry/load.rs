@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use cro_api::{CdiProviderSpec, reasons};
-use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{ProviderSpec, Runtime};
 
 use crate::provider::node_cache::NodeCache;
@@ -100,8 +99,7 @@ pub(crate) async fn instantiate(
     fence: cro_runtime::Fence,
     nodes: NodeCache,
 ) -> Result<Loaded, LoadError> {
-    let cluster =
-        RememberingCluster::new(KubeCluster::new(client.clone()), client.clone()).with_nodes(nodes);
+    let cluster = RememberingCluster::of_api_server(client.clone(), nodes);
     let options = cro_runtime::LoadOptions::default().with_fence(fence);
     let provider = runtime
         .load_bytes_with(spec, fetched.bytes, Arc::new(cluster), options)

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{ProviderSpec, Runtime, RuntimeOptions};
 
 use super::startup;
@@ -88,8 +87,7 @@ pub(crate) async fn load_spec(
 ) -> Result<Arc<dyn DeviceProvider>, OperatorError> {
     let runtime = Runtime::new(RuntimeOptions::default())
         .map_err(|e| OperatorError::Provider(e.to_string()))?;
-    let cluster =
-        RememberingCluster::new(KubeCluster::new(client.clone()), client).with_nodes(nodes);
+    let cluster = RememberingCluster::of_api_server(client, nodes);
     let mut options = cro_runtime::LoadOptions::default();
     if let Some(fence) = fence {
         options = options.with_fence(fence);

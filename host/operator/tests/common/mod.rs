@@ -25,7 +25,6 @@ use cro_api::{
 use cro_operator::config::{OperatorConfig, ProviderSource, Timings};
 use cro_operator::{DeviceProvider, Operator, OperatorError, compat};
 use cro_operator::{NodeCache, RememberingCluster};
-use cro_runtime::cluster::KubeCluster;
 use cro_runtime::{Runtime, RuntimeOptions};
 use fabric_sim::{FabricSim, SimConfig};
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
@@ -401,8 +400,7 @@ impl Parts {
         // machines resources recorded.
         // Its Node lookups answered from the operator's Node cache, as `cro run` does.
         let node_cache = NodeCache::default();
-        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone())
-            .with_nodes(node_cache.clone());
+        let cluster = RememberingCluster::of_api_server(client.clone(), node_cache.clone());
         let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);
@@ -470,8 +468,7 @@ impl Parts {
         let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
         // Its Node lookups answered from the operator's Node cache, as `cro run` does.
         let node_cache = NodeCache::default();
-        let cluster = RememberingCluster::new(KubeCluster::new(client.clone()), client.clone())
-            .with_nodes(node_cache.clone());
+        let cluster = RememberingCluster::of_api_server(client.clone(), node_cache.clone());
         let provider = runtime.load(&spec, Arc::new(cluster)).await.unwrap();
 
         let mut config = OperatorConfig::new(ProviderSource::GoEnvironment);

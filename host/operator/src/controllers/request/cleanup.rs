@@ -74,10 +74,10 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
 /// `Cleaning` is what users see of a deletion that lasts, not what makes it safe: the
 /// deletion and the finalizer are the plan a restart finishes (it finds the request
 /// being deleted whatever its state says). So it waits `timings.mirror_delay`, the way a
-/// device's wait on its node does, counted as the request's unwritten progress is
-/// (`Context::progress_wait`: from the deletion, or from progress already waiting before
-/// it, whichever was seen first) (a write per
-/// request, docs/BENCHMARKS.md, the write budget): a request whose devices are all gone
+/// device's wait on its node does (a write per request, docs/BENCHMARKS.md, the write
+/// budget), counted as the request's unwritten progress is (`Context::progress_wait`:
+/// from the deletion, or from progress already waiting, whichever was seen first): a
+/// request whose devices are all gone
 /// sooner goes with its last state, and the finalizer's removal is its only write down. A
 /// device that reports an error on the way shows it at once, on a `Cleaning` request.
 async fn cleaning(
