@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{
@@ -285,12 +286,12 @@ pub(crate) fn cluster_policy_api(client: &kube::Client) -> Api<DynamicObject> {
 /// that came later shows after its restart).
 async fn report_gpus(
     node_objects: &Api<k8s_openapi::api::core::v1::Node>,
-    reported: &mut BTreeMap<String, usize>,
+    reported: &mut Option<usize>,
     nodes: &SimNodes,
     node: &str,
 ) -> Result<(), kube::Error> {
     let count = nodes.listed_gpus(node).len();
-    if reported.get(node) == Some(&count) {
+    if *reported == Some(count) {
         return Ok(());
     }
     let gpus = count.to_string();
@@ -307,7 +308,7 @@ async fn report_gpus(
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e),
     }
-    reported.insert(node.to_owned(), count);
+    *reported = Some(count);
     Ok(())
 }
 
@@ -369,8 +370,32 @@ struct DsCounts {
     updated: usize,
 }
 
+/// How many nodes' kubelets act at once in a round. Real kubelets act each on its own
+/// node, all at the same time; playing them one after another made a round that
+/// (re)starts fifty pods take over a second, so a pod became Ready that much later than
+/// its delay says. The bound keeps the simulation's burst of writes like a few dozen
+/// kubelets', not unbounded.
+const KUBELETS_AT_ONCE: usize = 32;
+
+/// What the simulation keeps of one DaemonSet on one node, taken out of [`Pods`] while
+/// that node's kubelet acts (each node's part is its own: nodes act concurrently).
+#[derive(Default)]
+struct NodePart {
+    /// The DaemonSet's pod on the node.
+    pod: Option<SimPod>,
+    /// The `nvidia.com/gpu` count the node's kubelet last wrote.
+    gpus_reported: Option<usize>,
+    /// The pod was replaced in this round.
+    restarted: bool,
+    /// What the node adds to the DaemonSet's status.
+    desired: bool,
+    updated: bool,
+    ready: bool,
+}
+
 impl Round<'_> {
-    /// Plays one DaemonSet on every node, then writes its status if it changed.
+    /// Plays one DaemonSet on every node (the nodes concurrently, as their kubelets
+    /// would), then writes its status if it changed.
     async fn daemonset(
         &self,
         spec: &DsSpec,
@@ -404,9 +429,52 @@ impl Round<'_> {
             live_pods,
             template,
         };
+        let parts: Vec<(String, NodePart)> = names
+            .iter()
+            .map(|node| {
+                let key = (spec.name.clone(), node.clone());
+                let part = NodePart {
+                    pod: pods.pods.remove(&key),
+                    gpus_reported: pods.gpus_reported.remove(node),
+                    ..NodePart::default()
+                };
+                (node.clone(), part)
+            })
+            .collect();
+        let done: Vec<(String, NodePart, Result<(), kube::Error>)> = futures::stream::iter(parts)
+            .map(|(node, mut part)| {
+                let pass = &pass;
+                async move {
+                    let r = self.node(pass, &node, &mut part).await;
+                    (node, part, r)
+                }
+            })
+            .buffer_unordered(KUBELETS_AT_ONCE)
+            .collect()
+            .await;
+        // Every node's part goes back, whatever failed: a failure is retried next round.
         let mut counts = DsCounts::default();
-        for node in names {
-            self.node(&pass, pods, node, &mut counts).await?;
+        let mut failed = None;
+        for (node, part, r) in done {
+            let key = (spec.name.clone(), node.clone());
+            counts.desired += usize::from(part.desired);
+            counts.updated += usize::from(part.updated);
+            counts.ready += usize::from(part.ready);
+            if part.restarted {
+                *pods.restarts.entry(key.clone()).or_default() += 1;
+            }
+            if let Some(pod) = part.pod {
+                pods.pods.insert(key, pod);
+            }
+            if let Some(n) = part.gpus_reported {
+                pods.gpus_reported.insert(node, n);
+            }
+            if let Err(e) = r {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         write_ds_status(&ds_api, &ds, spec, &counts, pods).await
     }
@@ -416,45 +484,41 @@ impl Round<'_> {
     async fn node(
         &self,
         pass: &DsPass<'_>,
-        pods: &mut Pods,
         node: &str,
-        counts: &mut DsCounts,
+        part: &mut NodePart,
     ) -> Result<(), kube::Error> {
         let spec = pass.spec;
-        let key = (spec.name.clone(), node.to_string());
         if !self.live_nodes.contains(node) {
             // The node is gone: so are its pods.
-            if let Some(p) = pods.pods.remove(&key) {
+            if let Some(p) = part.pod.take() {
                 forget(self.nodes, &p);
             }
             return Ok(());
         }
         // Node feature discovery labels a node once a NVIDIA PCI device is on it.
         let has_gpu = self.nodes.has_gpu(node);
-        if spec.needs_gpu && !has_gpu && !pods.pods.contains_key(&key) {
+        if spec.needs_gpu && !has_gpu && part.pod.is_none() {
             return Ok(());
         }
-        counts.desired += 1;
-        self.replace_stale(pass, pods, &key).await;
-        if !pods.pods.contains_key(&key) {
-            self.create_pod(pass, pods, node, key.clone()).await?;
+        part.desired = true;
+        self.replace_stale(pass, part).await;
+        if part.pod.is_none() {
+            part.pod = Some(self.create_pod(pass, node).await?);
         }
-        let Some(pod) = pods.pods.get_mut(&key) else {
+        let Some(pod) = part.pod.as_mut() else {
             return Ok(());
         };
-        counts.updated += 1;
-        self.advance_pod(pass, pod, &mut pods.gpus_reported, node)
+        part.updated = true;
+        self.advance_pod(pass, pod, &mut part.gpus_reported, node)
             .await?;
-        if pod.ready {
-            counts.ready += 1;
-        }
+        part.ready = pod.ready;
         Ok(())
     }
 
     /// A pod the operator deleted (or whose template changed) is replaced, as the
     /// kubelet and the DaemonSet controller would: this deletes it.
-    async fn replace_stale(&self, pass: &DsPass<'_>, pods: &mut Pods, key: &(String, String)) {
-        let Some(existing) = pods.pods.get(key).cloned() else {
+    async fn replace_stale(&self, pass: &DsPass<'_>, part: &mut NodePart) {
+        let Some(existing) = part.pod.clone() else {
             return;
         };
         let deleted = pass
@@ -466,21 +530,15 @@ impl Round<'_> {
                 .pod_api
                 .delete(&existing.name, &DeleteParams::default().grace_period(0))
                 .await;
-            pods.pods.remove(key);
+            part.pod = None;
             forget(self.nodes, &existing);
-            *pods.restarts.entry(key.clone()).or_default() += 1;
+            part.restarted = true;
         }
     }
 
     /// Creates the DaemonSet's pod on `node`, Running but not Ready, and the pod a
     /// command can be exec'd in.
-    async fn create_pod(
-        &self,
-        pass: &DsPass<'_>,
-        pods: &mut Pods,
-        node: &str,
-        key: (String, String),
-    ) -> Result<(), kube::Error> {
+    async fn create_pod(&self, pass: &DsPass<'_>, node: &str) -> Result<SimPod, kube::Error> {
         let spec = pass.spec;
         let name = format!("{}-{}", spec.pod_prefix, random_suffix());
         let pod = pod_object(
@@ -494,21 +552,9 @@ impl Round<'_> {
         pass.pod_api.create(&PostParams::default(), &pod).await?;
         // Running but not Ready: the container starts, its probe has not passed.
         set_pod_status(&pass.pod_api, &name, false).await?;
-        pods.pods.insert(
-            key,
-            SimPod {
-                namespace: spec.namespace.clone(),
-                name: name.clone(),
-                started: Instant::now(),
-                ready_after: spec.ready_after,
-                ready: false,
-                template: pass.template.clone(),
-                published: false,
-            },
-        );
         if let Some(kind) = spec.kind {
             self.nodes.lock().pods.insert(
-                (spec.namespace.clone(), name),
+                (spec.namespace.clone(), name.clone()),
                 ExecPod {
                     kind,
                     node: node.to_string(),
@@ -516,7 +562,15 @@ impl Round<'_> {
                 },
             );
         }
-        Ok(())
+        Ok(SimPod {
+            namespace: spec.namespace.clone(),
+            name,
+            started: Instant::now(),
+            ready_after: spec.ready_after,
+            ready: false,
+            template: pass.template.clone(),
+            published: false,
+        })
     }
 
     /// Readies a pod whose delay has passed (the device plugin then reports the node's
@@ -525,7 +579,7 @@ impl Round<'_> {
         &self,
         pass: &DsPass<'_>,
         pod: &mut SimPod,
-        gpus_reported: &mut BTreeMap<String, usize>,
+        gpus_reported: &mut Option<usize>,
         node: &str,
     ) -> Result<(), kube::Error> {
         let spec = pass.spec;
