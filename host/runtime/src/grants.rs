@@ -14,7 +14,7 @@
 //!   lookup: [{api_version: v1, kind: Node}, {api_version: metal3.io/v1alpha1, kind: BareMetalHost}]
 //!   wasi: {clocks: true}
 //! limits: {call_timeout_ms: 30000, memory_bytes: 67108864, max_concurrent_calls: 16,
-//!          max_response_bytes: 4194304, state_bytes: 65536, state_entries: 256,
+//!          max_response_bytes: 4194304, state_bytes: 1048576, state_entries: 4096,
 //!          host_call_bytes: 8388608, log_lines_per_call: 256, log_bytes_per_call: 65536,
 //!          log_lines_per_minute: 1200, log_bytes_per_minute: 1048576,
 //!          cluster_reads_per_call: 512, cluster_reads_per_second: 50,

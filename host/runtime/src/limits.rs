@@ -75,8 +75,11 @@ impl Default for Limits {
             memory_bytes: 64 << 20,
             max_concurrent_calls: 16,
             max_response_bytes: 4 << 20,
-            state_bytes: 64 << 10,
-            state_entries: 256,
+            // The FTI provider keeps two entries per attach for up to ten minutes (its
+            // attempt and its hand-out, to adopt a device a lost reply left): these hold
+            // about 2,000 attaches of ten minutes (docs/fti-fabric-api.md, "Lost replies").
+            state_bytes: 1 << 20,
+            state_entries: 4096,
             host_call_bytes: 8 << 20,
             log_lines_per_call: 256,
             log_bytes_per_call: 64 << 10,

@@ -25,7 +25,7 @@ use crate::model::{
     AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
     ProviderError, RemoveOutcome,
 };
-use crate::reserve::Reservations;
+use crate::reserve::{HANDOUT_TTL_MS, Reservations};
 
 pub const ADD_COMPLETE: &str = "ADD_COMPLETE";
 pub const ADD_FAILED: &str = "ADD_FAILED";
@@ -35,9 +35,9 @@ pub const REMOVE_FAILED: &str = "REMOVE_FAILED";
 const PENDING_ADD_TTL_MS: u64 = 60 * 60 * 1000;
 /// How long a removal request is awaited before it is sent again.
 const PENDING_REMOVE_TTL_MS: u64 = 10 * 60 * 1000;
-/// The new devices this API handed to a resource: reserved for it (an hour; the
+/// The new devices this API handed to a resource: reserved for it (minutes; the
 /// operator stores the ids at once, so this only has to outlast one reconcile).
-const CLAIMS: Reservations = Reservations::new("fti/cm/claim", 60 * 60 * 1000);
+const CLAIMS: Reservations = Reservations::new("fti/cm/claim", HANDOUT_TTL_MS);
 
 #[derive(Deserialize, Default, Debug)]
 pub struct MachineReply {

@@ -30,12 +30,10 @@ use crate::model::{
     AddOutcome, AddRequest, AttachedDevice, ComposableResource, DeviceInfo, DeviceType,
     ProviderError, RemoveOutcome,
 };
-use crate::reserve::Reservations;
-
-/// How long a handed-out device stays reserved for its resource, and an attempt is
-/// remembered; the operator stores the ids at once and retries within minutes, so this
-/// only has to outlast a few reconciles.
-const HANDOUT_TTL_MS: u64 = 60 * 60 * 1000;
+// How long a handed-out device stays reserved for its resource is also how long an
+// attempt in flight is remembered: the operator stores the ids at once and retries
+// within minutes, so both only have to outlast a few reconciles.
+use crate::reserve::{HANDOUT_TTL_MS, Reservations};
 
 fn attempt_key(attempt: &str) -> String {
     format!("fti/fm/attempt/{attempt}")

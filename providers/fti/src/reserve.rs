@@ -7,6 +7,13 @@
 
 use crate::host::{Host, LogLevel};
 
+/// How long a hand-out is kept: the operator stores the device's ids right after the
+/// reply, so minutes are plenty; longer only fills the host's state store. Each attach
+/// keeps an entry this long (and the Fabric Manager API its attempt's note), so the
+/// host's default `limits.state_entries` / `state_bytes` must hold a provider's attaches
+/// of this many minutes (docs/fti-fabric-api.md, "Lost replies").
+pub const HANDOUT_TTL_MS: u64 = 10 * 60 * 1000;
+
 /// The devices one API has handed out, under its own prefix in the state store.
 pub struct Reservations {
     prefix: &'static str,

@@ -4,6 +4,7 @@
 pub(crate) mod credentials;
 pub(crate) mod node_cache;
 pub(crate) mod node_machine;
+pub(crate) mod node_scope;
 pub(crate) mod tenure;
 
 use std::collections::HashMap;

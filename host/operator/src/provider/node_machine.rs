@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::node_cache::NodeCache;
+use super::node_scope::NodeScope;
 
 pub(crate) use cro_api::ANNOTATION_NODE_MACHINE;
 
@@ -170,11 +171,13 @@ fn is_node(api_version: &str, kind: &str) -> bool {
 
 /// The cluster as the provider reads it, plus stand-ins for deleted Nodes whose
 /// machines ComposableResources remembered (see the module comment), with Node lookups
-/// answered from the operator's Node cache once it lends it ([`NodeCache`]).
+/// answered from the operator's Node cache once it lends it ([`NodeCache`]), and
+/// listings of Nodes limited to the nodes the provider serves ([`NodeScope`]).
 pub struct RememberingCluster<C> {
     inner: C,
     client: kube::Client,
     nodes: NodeCache,
+    scope: NodeScope,
 }
 
 impl RememberingCluster<KubeCluster> {
@@ -186,7 +189,17 @@ impl RememberingCluster<KubeCluster> {
             inner: KubeCluster::new(client.clone()),
             client,
             nodes,
+            scope: NodeScope::every_node(),
         }
+    }
+}
+
+impl<C> RememberingCluster<C> {
+    /// The same view, its listings of Nodes showing only the nodes `scope` shows (a
+    /// provider of the registry: the nodes routed to it).
+    pub(crate) fn listing_only(mut self, scope: NodeScope) -> Self {
+        self.scope = scope;
+        self
     }
 }
 
@@ -262,6 +275,11 @@ impl<C: ClusterReader> ClusterReader for RememberingCluster<C> {
             if !is_node(api_version, kind) {
                 return Ok(objects);
             }
+            objects.retain(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| self.scope.shows(n))
+            });
             let listed: std::collections::BTreeSet<String> = objects
                 .iter()
                 .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned))
@@ -271,7 +289,7 @@ impl<C: ClusterReader> ClusterReader for RememberingCluster<C> {
                 Ok(machines) => objects.extend(
                     machines
                         .iter()
-                        .filter(|(node, _)| !listed.contains(*node))
+                        .filter(|(node, _)| !listed.contains(*node) && self.scope.shows(node))
                         .map(|(node, m)| m.stand_in_node(node)),
                 ),
                 Err(e) => {

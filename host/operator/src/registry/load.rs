@@ -9,6 +9,7 @@ use cro_runtime::{ProviderSpec, Runtime};
 
 use crate::provider::node_cache::NodeCache;
 use crate::provider::node_machine::RememberingCluster;
+use crate::provider::node_scope::NodeScope;
 use crate::source::{self, SourceError};
 
 /// Why a `CdiProvider`'s component could not be made to serve.
@@ -88,18 +89,30 @@ pub(crate) struct Loaded {
     pub(crate) digest: String,
 }
 
-/// Loads `fetched` under `spec` and validates it (contract, `describe()`, grants,
-/// limits, configuration keys); its HTTP requests ask `fence` before they are sent, its
-/// Node lookups `nodes` first.
+/// How a registry provider reads the cluster and reaches its fabric: its HTTP requests
+/// ask `fence` before they are sent, its Node lookups `nodes` first, and its listings
+/// of Nodes show what `scope` shows (the nodes routed to it).
+pub(crate) struct Wiring {
+    pub(crate) fence: cro_runtime::Fence,
+    pub(crate) nodes: NodeCache,
+    pub(crate) scope: NodeScope,
+}
+
+/// Loads `fetched` under `spec`, wired as `wiring` says, and validates it (contract,
+/// `describe()`, grants, limits, configuration keys).
 pub(crate) async fn instantiate(
     client: &kube::Client,
     runtime: &Runtime,
     spec: &ProviderSpec,
     fetched: source::Fetched,
-    fence: cro_runtime::Fence,
-    nodes: NodeCache,
+    wiring: Wiring,
 ) -> Result<Loaded, LoadError> {
-    let cluster = RememberingCluster::of_api_server(client.clone(), nodes);
+    let Wiring {
+        fence,
+        nodes,
+        scope,
+    } = wiring;
+    let cluster = RememberingCluster::of_api_server(client.clone(), nodes).listing_only(scope);
     let options = cro_runtime::LoadOptions::default().with_fence(fence);
     let provider = runtime
         .load_bytes_with(spec, fetched.bytes, Arc::new(cluster), options)

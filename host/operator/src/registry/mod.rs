@@ -31,6 +31,7 @@ use cro_runtime::domain::{
 use futures::future::BoxFuture;
 
 use crate::provider::node_cache::NodeCache;
+use crate::provider::node_scope::NodeScope;
 use crate::provider::tenure::{Tenure, TenureCell};
 use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
 use route::{RouteEntry, RouteError};
@@ -238,6 +239,20 @@ impl Registry {
         }
     }
 
+    /// Whether provider `name` serves `node`: it is the only one, or routing names it.
+    pub(crate) fn serves(&self, name: &str, node: &str) -> bool {
+        self.slots().len() == 1 || self.route(node).is_ok_and(|n| n == name)
+    }
+
+    /// What provider `name`'s listings of Nodes show: the nodes it serves, asked at each
+    /// listing (crate::provider::node_scope). Held weakly: the registry holds the
+    /// provider, which holds this.
+    pub(crate) fn scope_of(self: &Arc<Self>, name: &str) -> NodeScope {
+        let registry = Arc::downgrade(self);
+        let name = name.to_owned();
+        NodeScope::only(move |node| registry.upgrade().is_some_and(|r| r.serves(&name, node)))
+    }
+
     /// The name of the provider serving `node`.
     pub(crate) fn route(&self, node: &str) -> Result<String, RouteError> {
         let entries: Vec<RouteEntry> = self
@@ -384,7 +399,6 @@ impl Registry {
         &self,
         query: &PoolQuery,
     ) -> Vec<(Arc<Slot>, ProviderResult<PoolOutcome>)> {
-        let single = self.slots().len() == 1;
         let mut out = Vec::new();
         for slot in self.held_slots() {
             let Some(provider) = slot.serving() else {
@@ -394,7 +408,7 @@ impl Registry {
             let nodes = query
                 .nodes
                 .iter()
-                .filter(|n| single || self.route(n).is_ok_and(|r| r == name))
+                .filter(|n| self.serves(&name, n))
                 .cloned()
                 .collect();
             let mine = PoolQuery {
@@ -416,7 +430,6 @@ impl Registry {
     /// down does not stop the sync of the others; all failing is an error. Only the
     /// providers this replica holds are asked (another replica syncs the others).
     async fn list_all(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
-        let single = self.slots().len() == 1;
         let mut all = Vec::new();
         let mut last_error = None;
         let mut answered = 0usize;
@@ -430,11 +443,7 @@ impl Registry {
             match r {
                 Ok(devices) => {
                     answered += 1;
-                    all.extend(
-                        devices
-                            .into_iter()
-                            .filter(|d| single || self.route(&d.node).is_ok_and(|n| n == name)),
-                    );
+                    all.extend(devices.into_iter().filter(|d| self.serves(&name, &d.node)));
                 }
                 Err(e) => {
                     tracing::warn!(provider = %name, error = %e, "upstream sync: listing failed");

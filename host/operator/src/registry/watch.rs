@@ -265,9 +265,12 @@ impl Watcher {
             ));
         }
         let digest = fetched.digest.clone();
-        let fence = self.registry.fence(&name);
-        let nodes = self.registry.node_cache().cloned().unwrap_or_default();
-        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched, fence, nodes)
+        let wiring = load::Wiring {
+            fence: self.registry.fence(&name),
+            nodes: self.registry.node_cache().cloned().unwrap_or_default(),
+            scope: self.registry.scope_of(&name),
+        };
+        let loaded = load::instantiate(&self.client, &self.runtime, &spec, fetched, wiring)
             .await
             .map_err(|e| (e, Some(digest)))?;
         Ok(Some((loaded.provider, loaded.digest)))

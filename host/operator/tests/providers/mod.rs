@@ -12,7 +12,7 @@ use cro_api::{
 use cro_operator::Operator;
 use cro_operator::config::ProviderSource;
 use cro_operator::source::FetchOptions;
-use fabric_sim::FabricSim;
+use fabric_sim::{FabricSim, Route};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::ResourceExt;
@@ -116,7 +116,7 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     let sim_b = another_fabric(&env);
     let machine_a = env.add_node("pool-a-1", "16").await;
     let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
-    env.add_node("pool-c-1", "16").await;
+    let machine_c = env.add_node("pool-c-1", "16").await;
     label_node(&env, "pool-a-1", "a").await;
     label_node(&env, "pool-b-1", "b").await;
     label_node(&env, "pool-c-1", "c").await;
@@ -157,6 +157,34 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     assert_eq!(attached(&env.sim), vec![(machine_a.clone(), 1)]);
     assert_eq!(attached(&sim_b), vec![(machine_b.clone(), 1)]);
     assert!(sim_b.machines().iter().all(|m| m.uuid == machine_b));
+    // Each provider's device listing (the upstream sync's, every 500 ms here) asks its
+    // fabric about the nodes routed to it alone: fabric a never about pool b's machine
+    // (which it does not know) nor pool c's (which no provider serves), fabric b never
+    // about pool a's or pool c's (crate::provider::node_scope).
+    let machines_read = |sim: &FabricSim| -> BTreeMap<String, usize> {
+        let mut read = BTreeMap::new();
+        for r in sim.requests_to(Route::FmGetMachine) {
+            let machine = r.path.rsplit('/').next().unwrap_or_default().to_owned();
+            *read.entry(machine).or_default() += 1;
+        }
+        read
+    };
+    eventually("both fabrics listed twice", CONVERGE, || async {
+        let a = machines_read(&env.sim)
+            .get(&machine_a)
+            .copied()
+            .unwrap_or(0);
+        let b = machines_read(&sim_b).get(&machine_b).copied().unwrap_or(0);
+        (a >= 2 && b >= 2).then_some(())
+    })
+    .await;
+    let asked = |sim: &FabricSim| machines_read(sim).into_keys().collect::<Vec<_>>();
+    assert_eq!(
+        asked(&env.sim),
+        vec![machine_a.clone()],
+        "pool c: {machine_c}"
+    );
+    assert_eq!(asked(&sim_b), vec![machine_b.clone()]);
     // The simulated nodes see their own fabric's device through the driver.
     assert_eq!(env.nodes.listed("pool-a-1").len(), 1);
     assert_eq!(env.nodes.listed("pool-b-1").len(), 1);

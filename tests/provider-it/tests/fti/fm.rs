@@ -109,6 +109,54 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
     }
 }
 
+/// The provider notes two things in the host's state store per attach (its attempt and
+/// the device it handed out) and keeps them for minutes. With the host's default limits
+/// an attach after hundreds of others must still be noted, so its lost reply is adopted
+/// as above: with 256 entries and hand-outs kept an hour, the store was full after 128
+/// attaches, the note was refused and the retry attached a second device.
+#[tokio::test]
+async fn a_lost_reply_is_still_adopted_after_hundreds_of_attaches() {
+    const EARLIER: usize = 400;
+    const NODES: usize = 20;
+    let fx = Fixture::builder(Api::Fm).start().await;
+    if fx.build == Build::V0_1 {
+        // A 0.1.0 host passes no claims: that build notes nothing and never adopts.
+        return;
+    }
+    fx.sim.add_free_devices("gpu", MODEL, EARLIER + 2);
+    for n in 0..NODES {
+        fx.add_provider_id_node(&format!("worker-{n}"));
+    }
+    for i in 0..EARLIER {
+        let node = format!("worker-{}", i % NODES);
+        attached(
+            fx.provider
+                .add(&AddRequest::new(fx.gpu(&format!("gpu-{i}"), &node)))
+                .await,
+        );
+    }
+    let machine = fx.add_provider_id_node("worker-last");
+    let req = AddRequest::new(fx.gpu("gpu-last", "worker-last"));
+    fx.sim
+        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
+    let lost = fx.provider.add(&req).await;
+    assert!(lost.is_err(), "the reply was dropped: {lost:?}");
+    fx.sim.clear_faults();
+    let left = fx.sim.machine_devices(&machine);
+    assert_eq!(left.len(), 1, "the fabric acted on the lost request");
+
+    let (serial, _) = attached(fx.provider.add(&req).await);
+    assert_eq!(
+        serial, left[0].serial,
+        "the retry adopts the device the lost reply left"
+    );
+    assert_eq!(
+        fx.sim.machine_devices(&machine).len(),
+        1,
+        "no second device"
+    );
+}
+
 /// The attach answered, but the answer never reached the operator's record (it
 /// crashed first): the same attempt asked again gets the same device, and nothing more
 /// is attached. A contract 0.1.0 host passes no claims, so that build attaches again.
