@@ -48,6 +48,21 @@ async fn attach_returns_the_simulators_serial_and_fabric_uuid() {
     );
 }
 
+/// Asks for `req` while the fabric drops its reply after acting on it; the machine's
+/// devices afterwards.
+async fn add_with_the_reply_lost(
+    fx: &Fixture,
+    req: &AddRequest,
+    machine: &str,
+) -> Vec<fabric_sim::SimDevice> {
+    fx.sim
+        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
+    let lost = fx.provider.add(req).await;
+    assert!(lost.is_err(), "the reply was dropped: {lost:?}");
+    fx.sim.clear_faults();
+    fx.sim.machine_devices(machine)
+}
+
 /// The fabric attaches but its reply is lost: the retry (same attempt key, the claims of
 /// the cluster) adopts the device the lost reply left instead of attaching a second one,
 /// and never takes the device another resource holds. A contract 0.1.0 host passes no
@@ -69,12 +84,7 @@ async fn a_retried_attach_after_a_lost_reply_adopts_the_device_it_left() {
         fabric_device_id: Some(uuid_a),
     }];
 
-    fx.sim
-        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
-    let lost = fx.provider.add(&req).await;
-    assert!(lost.is_err(), "the reply was dropped: {lost:?}");
-    fx.sim.clear_faults();
-    let left = fx.sim.machine_devices(&machine);
+    let left = add_with_the_reply_lost(&fx, &req, &machine).await;
     assert_eq!(left.len(), 2, "the fabric acted on the lost request");
     let orphan = left
         .iter()
@@ -137,12 +147,7 @@ async fn a_lost_reply_is_still_adopted_after_hundreds_of_attaches() {
     }
     let machine = fx.add_provider_id_node("worker-last");
     let req = AddRequest::new(fx.gpu("gpu-last", "worker-last"));
-    fx.sim
-        .inject(Fault::DropAfterProcessing.on(Route::FmAttach));
-    let lost = fx.provider.add(&req).await;
-    assert!(lost.is_err(), "the reply was dropped: {lost:?}");
-    fx.sim.clear_faults();
-    let left = fx.sim.machine_devices(&machine);
+    let left = add_with_the_reply_lost(&fx, &req, &machine).await;
     assert_eq!(left.len(), 1, "the fabric acted on the lost request");
 
     let (serial, _) = attached(fx.provider.add(&req).await);
