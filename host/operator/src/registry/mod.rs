@@ -239,9 +239,12 @@ impl Registry {
         }
     }
 
-    /// Whether provider `name` serves `node`: it is the only one, or routing names it.
-    pub(crate) fn serves(&self, name: &str, node: &str) -> bool {
-        self.slots().len() == 1 || self.route(node).is_ok_and(|n| n == name)
+    /// Whether provider `name` serves a node, the providers read once for every node
+    /// asked: it is the only one, or routing names it.
+    fn serving(&self, name: &str) -> impl Fn(&str) -> bool + '_ {
+        let entries = self.route_entries();
+        let name = name.to_owned();
+        move |node| entries.len() == 1 || self.route_among(&entries, node).is_ok_and(|n| n == name)
     }
 
     /// What provider `name`'s listings of Nodes show: the nodes it serves, asked at each
@@ -250,19 +253,27 @@ impl Registry {
     pub(crate) fn scope_of(self: &Arc<Self>, name: &str) -> NodeScope {
         let registry = Arc::downgrade(self);
         let name = name.to_owned();
-        NodeScope::only(move |node| registry.upgrade().is_some_and(|r| r.serves(&name, node)))
+        NodeScope::only(move |node| registry.upgrade().is_some_and(|r| r.serving(&name)(node)))
+    }
+
+    /// Every provider's routing rule, as they are now.
+    fn route_entries(&self) -> Vec<RouteEntry> {
+        self.slots()
+            .iter()
+            .map(|s| read(&s.route).clone())
+            .collect()
     }
 
     /// The name of the provider serving `node`.
     pub(crate) fn route(&self, node: &str) -> Result<String, RouteError> {
-        let entries: Vec<RouteEntry> = self
-            .slots()
-            .iter()
-            .map(|s| read(&s.route).clone())
-            .collect();
+        self.route_among(&self.route_entries(), node)
+    }
+
+    /// The name of the provider serving `node` among `entries`.
+    fn route_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
         // One implicit provider serves every node, known or not.
         if let Labels::NotNeeded = self.labels
-            && let [only] = entries.as_slice()
+            && let [only] = entries
         {
             return Ok(only.name.clone());
         }
@@ -271,7 +282,7 @@ impl Registry {
             .ok_or_else(|| RouteError::UnknownNode {
                 node: node.to_owned(),
             })?;
-        route::route(node, &labels, &entries).map(|e| e.name.clone())
+        route::route(node, &labels, entries).map(|e| e.name.clone())
     }
 
     /// The slot and serving instance for `node`, or the error a call returns.
@@ -404,13 +415,8 @@ impl Registry {
             let Some(provider) = slot.serving() else {
                 continue;
             };
-            let name = slot.name();
-            let nodes = query
-                .nodes
-                .iter()
-                .filter(|n| self.serves(&name, n))
-                .cloned()
-                .collect();
+            let serves = self.serving(&slot.name());
+            let nodes = query.nodes.iter().filter(|n| serves(n)).cloned().collect();
             let mine = PoolQuery {
                 kinds: query.kinds.clone(),
                 nodes,
@@ -443,7 +449,8 @@ impl Registry {
             match r {
                 Ok(devices) => {
                     answered += 1;
-                    all.extend(devices.into_iter().filter(|d| self.serves(&name, &d.node)));
+                    let serves = self.serving(&name);
+                    all.extend(devices.into_iter().filter(|d| serves(&d.node)));
                 }
                 Err(e) => {
                     tracing::warn!(provider = %name, error = %e, "upstream sync: listing failed");
