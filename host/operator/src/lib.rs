@@ -87,7 +87,7 @@ pub use process::leader::{self, LeaderElector};
 pub use process::run::{Operator, run};
 pub use process::shards::leases_of;
 pub use process::signals::shutdown_signal;
-pub use provider::node_cache::NodeCache;
+pub use provider::node_cache::{LentCache, NodeCache};
 pub use provider::node_machine::{NodeMachine, RememberingCluster};
 pub use provider::{DeviceProvider, ProviderCallError, ProviderCounters, ProviderResult};
 pub use registry::spec::provider_spec;

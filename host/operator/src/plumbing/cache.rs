@@ -513,6 +513,12 @@ impl Caches {
         self.nodes.clone()
     }
 
+    /// The ComposableResource cache itself, for the provider registry's routing of a
+    /// call on a resource by the provider label it carries.
+    pub(crate) fn resource_store(&self) -> Store<ComposableResource> {
+        self.resources.clone()
+    }
+
     /// The cached Nodes (None until the cache has listed them once).
     pub(crate) fn nodes(&self) -> Option<Vec<Arc<Node>>> {
         Self::ready(&self.nodes).then(|| self.nodes.state())

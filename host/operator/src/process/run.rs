@@ -403,10 +403,14 @@ impl Operator {
             tokio::select! { () = caches => {}, () = cache_stop => {} }
         });
         // The providers' Node lookups and routing by node labels read this cache (for
-        // `CdiProvider` objects both handles are the registry's).
+        // `CdiProvider` objects both handles are the registry's), and routing by the
+        // resources' provider labels the resource cache.
         self.nodes.serve_from(ctx.caches.node_store());
         if let Some(routing) = self.registry.node_cache() {
             routing.serve_from(ctx.caches.node_store());
+        }
+        if let Some(routing) = self.registry.resource_cache() {
+            routing.serve_from(ctx.caches.resource_store());
         }
         if let Some((registry, options)) = self.objects.take() {
             let (c, s) = (self.client.clone(), stop.clone());

@@ -1,60 +1,97 @@
-//! The operator's Node watch cache, lent to the provider's cluster view.
+//! The operator's watch caches, lent to the parts loaded before them.
 //!
 //! A provider finds a node's fabric machine by looking its Node up (the `lookup`
 //! import), once per attach: a GET of the API server for every device, while the
 //! operator already holds every Node in its watch cache (for routing, the plan and the
 //! node checks). [`NodeCache`] is the handle through which the cluster view
 //! ([`super::node_machine::RememberingCluster`]) answers those lookups from that cache.
-//! The provider is loaded before the operator's caches exist, so the handle starts empty
-//! and the operator fills it when its caches start ([`NodeCache::serve_from`]); an
-//! operator started again with the same provider lends its own in its place.
+//! The provider registry reads the same Node cache for routing by node labels, and the
+//! ComposableResource cache ([`ResourceCache`]) for the provider label of the resources
+//! on a Node that is gone (crate::registry::Registry::route_held_among).
+//! Providers and the registry are made before the operator's caches exist, so a handle
+//! starts empty and the operator fills it when its caches start
+//! ([`LentCache::serve_from`]); an operator started again with the same provider lends
+//! its own in its place.
 //!
-//! A lookup the cache cannot answer (not listed yet, or a Node it does not show, such as
-//! one created a moment ago) is a GET as before. What the cache holds is what the watch
-//! sent, without `managedFields`; a Node's name, labels, annotations and `providerID`
-//! (what providers read) are the same as a GET's, at most the watch's delay behind.
+//! A lookup the cache cannot answer (not listed yet, or an object it does not show, such
+//! as one created a moment ago) is left to the reader (a Node lookup is then a GET as
+//! before). What the cache holds is what the watch sent, without `managedFields`; a
+//! Node's name, labels, annotations and `providerID` (what providers read) are the same
+//! as a GET's, at most the watch's delay behind.
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use cro_api::ComposableResource;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-/// A shared, replaceable view of the operator's Node cache (empty until the operator
-/// lends it). Clones share it.
-#[derive(Clone, Default)]
-pub struct NodeCache {
-    store: Arc<RwLock<Option<Store<Node>>>>,
+/// A shared, replaceable view of one of the operator's watch caches of a cluster-scoped
+/// kind (empty until the operator lends it). Clones share it.
+pub struct LentCache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Arc<RwLock<Option<Store<K>>>>,
 }
 
-impl NodeCache {
+/// The operator's Node cache, as providers and routing read it.
+pub type NodeCache = LentCache<Node>;
+
+/// The operator's ComposableResource cache, as routing reads it.
+pub(crate) type ResourceCache = LentCache<ComposableResource>;
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Default for LentCache<K> {
+    fn default() -> Self {
+        Self {
+            store: Arc::default(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for LentCache<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> LentCache<K> {
     /// Lookups are answered from `store` from now on (once it has listed).
-    pub(crate) fn serve_from(&self, store: Store<Node>) {
+    pub(crate) fn serve_from(&self, store: Store<K>) {
         *self.store.write().unwrap_or_else(PoisonError::into_inner) = Some(store);
     }
 
-    /// Node `name` as the cache shows it; None when no cache is lent, it has not listed
-    /// yet, or it does not show the Node.
-    pub(crate) fn get(&self, name: &str) -> Option<Arc<Node>> {
+    /// The store, once lent and listed: before its first listing an empty store would
+    /// answer "no such object" for every object.
+    fn listed(&self) -> Option<Store<K>> {
         let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
         let store = guard.as_ref()?;
-        // Before its first listing an empty store would answer "no such Node" for
-        // every Node: only a listed store is read.
-        if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
-            return None;
-        }
-        store.get(&ObjectRef::new(name))
+        matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))).then(|| store.clone())
+    }
+
+    /// Object `name` as the cache shows it; None when no cache is lent, it has not listed
+    /// yet, or it does not show the object.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<K>> {
+        self.listed()?.get(&ObjectRef::new(name))
+    }
+
+    /// Every object the cache shows; None when no cache is lent or it has not listed yet.
+    pub(crate) fn all(&self) -> Option<Vec<Arc<K>>> {
+        self.listed().map(|s| s.state())
     }
 }
 
-impl std::fmt::Debug for NodeCache {
+impl<K: Resource<DynamicType = ()> + Clone + 'static> std::fmt::Debug for LentCache<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let lent = self
             .store
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .is_some();
-        f.debug_struct("NodeCache").field("lent", &lent).finish()
+        f.debug_struct("LentCache")
+            .field("kind", &K::kind(&()))
+            .field("lent", &lent)
+            .finish()
     }
 }
 

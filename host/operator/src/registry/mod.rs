@@ -23,14 +23,16 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use cro_api::LABEL_PROVIDER;
 use cro_runtime::CallError;
 use cro_runtime::domain::{
     self, AddOutcome, AddRequest, Claim, DeviceInfo, PoolOutcome, PoolQuery, ProviderError,
     RemoveOutcome,
 };
 use futures::future::BoxFuture;
+use kube::ResourceExt;
 
-use crate::provider::node_cache::NodeCache;
+use crate::provider::node_cache::{NodeCache, ResourceCache};
 use crate::provider::node_scope::NodeScope;
 use crate::provider::tenure::{Tenure, TenureCell};
 use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
@@ -99,12 +101,25 @@ impl Slot {
     }
 }
 
-/// Where node labels come from: the operator's Node watch cache (lent to the
-/// [`NodeCache`] once the operator's caches start), or (one implicit provider) nowhere,
-/// since every node is then served by it.
+/// Where routing reads: the operator's Node watch cache (node labels) and its
+/// ComposableResource cache (the provider each resource is labelled with), both lent
+/// once the operator's caches start; or (one implicit provider) nowhere, since every
+/// node and resource is then served by it.
 enum Labels {
-    Cache(NodeCache),
+    Cache {
+        nodes: NodeCache,
+        resources: ResourceCache,
+    },
     NotNeeded,
+}
+
+/// What a routed call does with a node's devices (see [`Registry::serving_for`]).
+#[derive(Clone, Copy)]
+enum Call {
+    /// Attaches a device.
+    Attach,
+    /// Acts on a device the node holds (detach, check).
+    Held,
 }
 
 /// The providers by name.
@@ -122,11 +137,16 @@ impl Registry {
     /// An empty registry filled by `CdiProvider` objects ([`watch::run`]); it routes
     /// by the labels of the Nodes the operator lends `nodes` (its own Node watch cache,
     /// so the registry adds no second watch of every Node), and its providers look Nodes
-    /// up there too.
+    /// up there too. A Node that is gone routes by the provider label of its
+    /// resources, read from the ComposableResource cache the operator lends later
+    /// ([`Registry::resource_cache`]).
     pub(crate) fn for_objects(nodes: NodeCache) -> Arc<Registry> {
         Arc::new(Registry {
             slots: RwLock::default(),
-            labels: Labels::Cache(nodes),
+            labels: Labels::Cache {
+                nodes,
+                resources: ResourceCache::default(),
+            },
             tenure: TenureCell::default(),
             changed: tokio::sync::Notify::new(),
         })
@@ -136,7 +156,16 @@ impl Registry {
     /// implicit provider, loaded before the registry).
     pub(crate) fn node_cache(&self) -> Option<&NodeCache> {
         match &self.labels {
-            Labels::Cache(nodes) => Some(nodes),
+            Labels::Cache { nodes, .. } => Some(nodes),
+            Labels::NotNeeded => None,
+        }
+    }
+
+    /// Where the registry reads which provider each resource is labelled with (None for
+    /// one implicit provider, which serves them all).
+    pub(crate) fn resource_cache(&self) -> Option<&ResourceCache> {
+        match &self.labels {
+            Labels::Cache { resources, .. } => Some(resources),
             Labels::NotNeeded => None,
         }
     }
@@ -233,18 +262,40 @@ impl Registry {
     fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
         match &self.labels {
             Labels::NotNeeded => Some(BTreeMap::new()),
-            Labels::Cache(nodes) => nodes
+            Labels::Cache { nodes, .. } => nodes
                 .get(node)
                 .map(|n| n.metadata.labels.clone().unwrap_or_default()),
         }
     }
 
+    /// The provider label of every cached resource targeting `node` (None: no resource
+    /// cache lent or listed yet).
+    fn labels_of_resources_on(&self, node: &str) -> Option<Vec<Option<String>>> {
+        let Labels::Cache { resources, .. } = &self.labels else {
+            return None;
+        };
+        Some(
+            resources
+                .all()?
+                .iter()
+                .filter(|r| r.spec.target_node == node)
+                .map(|r| r.labels().get(LABEL_PROVIDER).cloned())
+                .collect(),
+        )
+    }
+
     /// Whether provider `name` serves a node, the providers read once for every node
-    /// asked: it is the only one, or routing names it.
+    /// asked: it is the only one, or routing names it (for a Node that is gone, by its
+    /// resources' provider label: its devices are still listed and released).
     fn serving(&self, name: &str) -> impl Fn(&str) -> bool + '_ {
         let entries = self.route_entries();
         let name = name.to_owned();
-        move |node| entries.len() == 1 || self.route_among(&entries, node).is_ok_and(|n| n == name)
+        move |node| {
+            entries.len() == 1
+                || self
+                    .route_held_among(&entries, node)
+                    .is_ok_and(|n| n == name)
+        }
     }
 
     /// What provider `name`'s listings of Nodes show: the nodes it serves, asked at each
@@ -269,7 +320,7 @@ impl Registry {
         self.route_among(&self.route_entries(), node)
     }
 
-    /// The name of the provider serving `node` among `entries`.
+    /// The name of the provider serving `node` among `entries`, by the node's labels.
     fn route_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
         // One implicit provider serves every node, known or not.
         if let Labels::NotNeeded = self.labels
@@ -285,9 +336,37 @@ impl Registry {
         route::route(node, &labels, entries).map(|e| e.name.clone())
     }
 
-    /// The slot and serving instance for `node`, or the error a call returns.
-    fn serving_for(&self, node: &str) -> Result<(Arc<Slot>, Arc<dyn DeviceProvider>), CallError> {
-        let name = self.route(node).map_err(|e| match e {
+    /// [`Registry::route_among`], and for a node the Node cache does not show (deleted,
+    /// its devices still to release or to list) the provider its resources are labelled
+    /// with: what holds devices there is that provider's. Not for attaches: nothing is
+    /// attached to a node that is gone.
+    fn route_held_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
+        match self.route_among(entries, node) {
+            Err(RouteError::UnknownNode { .. }) => route::by_resources(
+                node,
+                self.labels_of_resources_on(node).unwrap_or_default(),
+                entries,
+            )
+            .map(|e| e.name.clone()),
+            routed => routed,
+        }
+    }
+
+    /// The slot and serving instance for a call on a device of `node`: an attach
+    /// (`Call::Attach`) goes where the node routes, a call on a device it holds
+    /// (`Call::Held`) may reach a Node that is gone ([`Registry::route_held_among`]). Or
+    /// the error the call returns.
+    fn serving_for(
+        &self,
+        node: &str,
+        call: Call,
+    ) -> Result<(Arc<Slot>, Arc<dyn DeviceProvider>), CallError> {
+        let entries = self.route_entries();
+        let name = match call {
+            Call::Attach => self.route_among(&entries, node),
+            Call::Held => self.route_held_among(&entries, node),
+        };
+        let name = name.map_err(|e| match e {
             // The cache may lag a new Node: a retry finds it.
             RouteError::UnknownNode { .. } => {
                 CallError::Provider(ProviderError::Unavailable(e.to_string()))
@@ -330,7 +409,7 @@ impl DeviceProvider for Registry {
     fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
         Box::pin(async move {
             let node = &request.resource.target_node;
-            let (slot, p) = self.serving_for(node)?;
+            let (slot, p) = self.serving_for(node, Call::Attach)?;
             let r = p.add(request).await;
             Self::finish(&slot, node, "add_resource", r)
         })
@@ -341,7 +420,7 @@ impl DeviceProvider for Registry {
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
         Box::pin(async move {
-            let (slot, p) = self.serving_for(&resource.target_node)?;
+            let (slot, p) = self.serving_for(&resource.target_node, Call::Held)?;
             let r = p.remove(resource).await;
             Self::finish(&slot, &resource.target_node, "remove_resource", r)
         })
@@ -352,7 +431,7 @@ impl DeviceProvider for Registry {
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>> {
         Box::pin(async move {
-            let (slot, p) = self.serving_for(&resource.target_node)?;
+            let (slot, p) = self.serving_for(&resource.target_node, Call::Held)?;
             let r = p.check(resource).await;
             Self::finish(&slot, &resource.target_node, "check_resource", r)
         })
@@ -462,5 +541,92 @@ impl Registry {
             Some(e) if answered == 0 => Err(e),
             _ => Ok(all),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    fn object<K: DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).expect("object")
+    }
+
+    /// A store listed with `objects`, as the operator's watch cache would be.
+    fn listed<K>(objects: Vec<K>) -> reflector::Store<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&Event::Init);
+        for o in objects {
+            writer.apply_watcher_event(&Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        store
+    }
+
+    fn pool(p: &str) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_owned(), p.to_owned())])),
+            match_expressions: None,
+        })
+    }
+
+    #[test]
+    fn a_node_gone_routes_its_devices_by_its_resources_label_but_takes_no_attach() {
+        let registry = Registry::for_objects(NodeCache::default());
+        for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
+            registry.upsert(RouteEntry {
+                name: name.into(),
+                selector: pool(p),
+                default: false,
+            });
+        }
+        let node = |name: &str, p: &str| -> Node {
+            object(json!({"metadata": {"name": name, "labels": {"pool": p}}}))
+        };
+        let resource = |name: &str, node: &str, provider: &str| -> cro_api::ComposableResource {
+            object(json!({
+                "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposableResource",
+                "metadata": {"name": name, "labels": {LABEL_PROVIDER: provider}},
+                "spec": {"type": "gpu", "model": "A100", "target_node": node},
+            }))
+        };
+        registry
+            .node_cache()
+            .expect("routes by node labels")
+            .serve_from(listed(vec![node("b-1", "b")]));
+        let entries = registry.route_entries();
+        let held = |node: &str| registry.route_held_among(&entries, node);
+        // Before the resource cache is lent, a Node that is gone is not known.
+        assert!(matches!(held("a-1"), Err(RouteError::UnknownNode { .. })));
+        registry
+            .resource_cache()
+            .expect("routes by resource labels")
+            .serve_from(listed(vec![
+                resource("r1", "a-1", "fabric-a"),
+                resource("r2", "b-1", "fabric-b"),
+            ]));
+        // A deleted Node: its devices are fabric a's (what its resource says) ...
+        assert_eq!(held("a-1"), Ok("fabric-a".to_owned()));
+        assert!(registry.serving("fabric-a")("a-1"));
+        assert!(!registry.serving("fabric-b")("a-1"));
+        assert!(registry.scope_of("fabric-a").shows("a-1"));
+        // ... but nothing is attached there.
+        assert!(matches!(
+            registry.route("a-1"),
+            Err(RouteError::UnknownNode { .. })
+        ));
+        // A known Node routes by its labels, whatever its resources say.
+        assert_eq!(held("b-1"), Ok("fabric-b".to_owned()));
+        // A node nobody holds anything on stays unknown.
+        assert!(matches!(held("c-1"), Err(RouteError::UnknownNode { .. })));
     }
 }

@@ -31,7 +31,9 @@ pub(crate) enum RouteError {
         node: String,
         providers: Vec<String>,
     },
-    #[error("node {node} is not known (not in the Node cache)")]
+    #[error(
+        "node {node} is not known (not in the Node cache, and no resource on it is labelled with a provider serving here)"
+    )]
     UnknownNode { node: String },
 }
 
@@ -86,6 +88,33 @@ pub(crate) fn route<'a>(
         many => Err(RouteError::Ambiguous {
             node: node.to_owned(),
             providers: many.iter().map(|p| p.name.clone()).collect(),
+        }),
+    }
+}
+
+/// The provider serving a node no Node shows any more (deleted, its devices still to
+/// release), by the provider labels of the resources targeting it (`labels`, None for a
+/// resource not labelled): each resource's label names the provider that serves it, so
+/// they must all name one provider among `providers`. None labelled, or a label naming
+/// no provider here, leaves the node unknown; two different labels are ambiguous.
+pub(crate) fn by_resources<'a>(
+    node: &str,
+    labels: impl IntoIterator<Item = Option<String>>,
+    providers: &'a [RouteEntry],
+) -> Result<&'a RouteEntry, RouteError> {
+    let named: std::collections::BTreeSet<String> = labels.into_iter().flatten().collect();
+    let unknown = || RouteError::UnknownNode {
+        node: node.to_owned(),
+    };
+    match named.iter().collect::<Vec<_>>().as_slice() {
+        [one] => providers
+            .iter()
+            .find(|p| &p.name == *one)
+            .ok_or_else(unknown),
+        [] => Err(unknown()),
+        many => Err(RouteError::Ambiguous {
+            node: node.to_owned(),
+            providers: many.iter().map(|p| (*p).clone()).collect(),
         }),
     }
 }
@@ -160,6 +189,42 @@ mod tests {
             "d"
         );
         assert_eq!(route("n", &labels(&[]), &ps).unwrap().name, "d");
+    }
+
+    #[test]
+    fn a_node_gone_is_served_by_the_provider_its_resources_name() {
+        let ps = [
+            entry("a", Some(sel(&[("pool", "a")])), false),
+            entry("d", None, true),
+        ];
+        let named = |labels: &[Option<&str>]| {
+            by_resources(
+                "gone",
+                labels
+                    .iter()
+                    .map(|l| l.map(str::to_owned))
+                    .collect::<Vec<_>>(),
+                &ps,
+            )
+            .map(|e| e.name.clone())
+        };
+        // Not the default: the resources say which fabric holds their devices.
+        assert_eq!(named(&[Some("a"), None, Some("a")]), Ok("a".into()));
+        assert_eq!(named(&[Some("d")]), Ok("d".into()));
+        let unknown = Err(RouteError::UnknownNode {
+            node: "gone".into(),
+        });
+        assert_eq!(named(&[]), unknown);
+        assert_eq!(named(&[None]), unknown);
+        // A provider that is not here (deleted) serves nothing.
+        assert_eq!(named(&[Some("x")]), unknown);
+        assert_eq!(
+            named(&[Some("d"), Some("a")]),
+            Err(RouteError::Ambiguous {
+                node: "gone".into(),
+                providers: vec!["a".into(), "d".into()],
+            })
+        );
     }
 
     #[test]

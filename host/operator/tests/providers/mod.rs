@@ -332,6 +332,62 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     env.stop_operator().await.unwrap();
 }
 
+/// With several providers a call routes by the provider a resource is labelled with, so
+/// a Node deleted with a device attached still has that device released on the right
+/// fabric (docs/behaviour.md §4, "Target node gone"): routing by the Node's labels alone
+/// had nothing to read once the Node was gone, and the detach waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_node_s_device_is_released_by_the_provider_that_attached_it() {
+    let mut env = Env::start().await;
+    let sim_b = another_fabric(&env);
+    let machine_a = env.add_node("pool-a-1", "16").await;
+    let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
+    label_node(&env, "pool-a-1", "a").await;
+    label_node(&env, "pool-b-1", "b").await;
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 2);
+    sim_b.add_free_devices("gpu", crate::common::MODEL, 2);
+    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
+    let (base, _ca) = fti_spec(&env);
+    let (spec_b, _ca_b) = fti_spec_for(&sim_b);
+    for (name, p, spec) in [("fabric-a", "a", &base), ("fabric-b", "b", &spec_b)] {
+        let mut spec = spec.clone();
+        spec.node_selector = pool(p);
+        create_provider(&env, name, spec).await;
+    }
+    start_objects_operator(&mut env).await;
+    wait_loaded(&env, "fabric-a", None).await;
+    wait_loaded(&env, "fabric-b", None).await;
+    for (req, node) in [("on-a", "pool-a-1"), ("on-b", "pool-b-1")] {
+        let mut d = gpu(1);
+        d.target_node = Some(node.into());
+        env.create_request(req, d).await;
+    }
+    env.wait_running("on-a", 1).await;
+    env.wait_running("on-b", 1).await;
+    let on_a = env.resources_of("on-a").await[0].name_any();
+    assert_eq!(env.gpus_on(&machine_a).len(), 1);
+    let detaches_b = sim_b.requests_to(Route::FmDetach).len();
+
+    env.delete_node("pool-a-1").await;
+    eventually(
+        "pool-a-1's device released on fabric a",
+        CONVERGE,
+        || async { env.gpus_on(&machine_a).is_empty().then_some(()) },
+    )
+    .await;
+    eventually("its request and resource gone", CONVERGE, || async {
+        (env.request("on-a").await.is_none()
+            && env.resources().get_opt(&on_a).await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    // Fabric b was not asked to detach anything, and keeps pool b's device.
+    assert_eq!(sim_b.requests_to(Route::FmDetach).len(), detaches_b);
+    assert_eq!(sim_b.machine_devices(&machine_b).len(), 1);
+    env.wait_running("on-b", 1).await;
+    env.stop_operator().await.unwrap();
+}
+
 /// `bytes` with a custom section appended: the same component, another digest.
 fn rebuilt(bytes: &[u8], note: &str) -> Vec<u8> {
     let mut payload = vec![u8::try_from(note.len()).unwrap()];
