@@ -629,4 +629,54 @@ mod tests {
         // A node nobody holds anything on stays unknown.
         assert!(matches!(held("c-1"), Err(RouteError::UnknownNode { .. })));
     }
+
+    #[test]
+    fn a_provider_s_deletion_waits_for_devices_on_its_nodes_and_those_labelled_with_it() {
+        let registry = Registry::for_objects(NodeCache::default());
+        for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
+            registry.upsert(RouteEntry {
+                name: name.into(),
+                selector: pool(p),
+                default: false,
+            });
+        }
+        registry
+            .node_cache()
+            .expect("node cache")
+            .serve_from(listed(vec![
+                object(json!({"metadata": {"name": "a-1", "labels": {"pool": "a"}}})),
+                // Moved to pool b after a device of fabric a was attached.
+                object::<Node>(json!({"metadata": {"name": "moved", "labels": {"pool": "b"}}})),
+            ]));
+        let resource = |name: &str, node: &str, provider: Option<&str>, device: Option<&str>| {
+            let mut r: cro_api::ComposableResource = object(json!({
+                "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "ComposableResource",
+                "metadata": {"name": name},
+                "spec": {"type": "gpu", "model": "A100", "target_node": node},
+            }));
+            if let Some(p) = provider {
+                r.metadata.labels = Some(BTreeMap::from([(LABEL_PROVIDER.into(), p.into())]));
+            }
+            if let Some(d) = device {
+                r.status = Some(object(json!({"state": "Online", "device_id": d})));
+            }
+            r
+        };
+        let resources = [
+            resource("on-a", "a-1", None, Some("GPU-1")),
+            resource("gone", "deleted-node", Some("fabric-a"), Some("GPU-2")),
+            resource("moved", "moved", Some("fabric-a"), Some("GPU-3")),
+            resource("no-device", "a-1", Some("fabric-a"), None),
+            resource("on-b", "elsewhere", Some("fabric-b"), Some("GPU-4")),
+        ];
+        assert_eq!(
+            watch::blocking_devices(&registry, "fabric-a", &resources),
+            ["on-a (GPU-1)", "gone (GPU-2)", "moved (GPU-3)"]
+        );
+        // The node now in pool b holds fabric a's device, and blocks fabric b as before.
+        assert_eq!(
+            watch::blocking_devices(&registry, "fabric-b", &resources),
+            ["moved (GPU-3)", "on-b (GPU-4)"]
+        );
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cro_api::{CallCounts, CdiProvider, ComposableResource};
+use cro_api::{CallCounts, CdiProvider, ComposableResource, LABEL_PROVIDER};
 use cro_runtime::{Runtime, RuntimeOptions};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -433,7 +433,9 @@ impl Watcher {
     }
 }
 
-/// The resources (`name (device id)`) on nodes `provider` serves that hold a device.
+/// The resources (`name (device id)`) holding a device that `provider` serves: labelled
+/// with it (their device is on its fabric, wherever their node routes now, and with
+/// their Node gone) or on a node it serves.
 pub(crate) fn blocking_devices(
     registry: &Registry,
     provider: &str,
@@ -443,9 +445,13 @@ pub(crate) fn blocking_devices(
         .iter()
         .filter_map(|r| {
             let device = r.device_id()?;
-            let serves = registry
-                .route(&r.spec.target_node)
-                .is_ok_and(|n| n == provider);
+            let serves = r
+                .labels()
+                .get(LABEL_PROVIDER)
+                .is_some_and(|p| p == provider)
+                || registry
+                    .route(&r.spec.target_node)
+                    .is_ok_and(|n| n == provider);
             serves.then(|| format!("{} ({device})", r.name_any()))
         })
         .collect()
