@@ -12,7 +12,9 @@
 //! or detach somebody else's hardware.
 //!
 //! A label, once set, is kept: a resource's device is on its provider's fabric whatever
-//! the node's labels say later.
+//! the node's labels say later. A resource on a Node that is gone takes the provider the
+//! node's other resources are labelled with (crate::registry::Registry::route_held):
+//! whatever is on that node's machine is that provider's, and its detach must reach it.
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
@@ -59,7 +61,7 @@ async fn label_unrouted(
         .filter(|r| !r.labels().contains_key(LABEL_PROVIDER))
     {
         let name = res.name_any();
-        let provider = match ctx.registry.route(&res.spec.target_node) {
+        let provider = match ctx.registry.route_held(&res.spec.target_node) {
             Ok(p) => p,
             Err(e) => {
                 if !warned

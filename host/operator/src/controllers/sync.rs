@@ -173,7 +173,9 @@ pub(crate) async fn sync_once(
             continue;
         }
         let mut obj = orphan_resource(&device);
-        if let Some(p) = ctx.provider_of(&device.node) {
+        // The provider that listed it: a deleted Node's machine is listed by the
+        // provider its resources name (crate::registry::Registry::route_held).
+        if let Ok(p) = ctx.registry.route_held(&device.node) {
             obj.labels_mut()
                 .insert(cro_api::LABEL_PROVIDER.to_owned(), p);
         }

@@ -320,6 +320,12 @@ impl Registry {
         self.route_among(&self.route_entries(), node)
     }
 
+    /// The name of the provider holding `node`'s devices: [`Registry::route`], or for a
+    /// Node that is gone the provider its resources are labelled with.
+    pub(crate) fn route_held(&self, node: &str) -> Result<String, RouteError> {
+        self.route_held_among(&self.route_entries(), node)
+    }
+
     /// The name of the provider serving `node` among `entries`, by the node's labels.
     fn route_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
         // One implicit provider serves every node, known or not.

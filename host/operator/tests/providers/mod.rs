@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cro_api::{
     CONDITION_DEGRADED, CONDITION_READY, CdiProvider, CdiProviderSpec, ComponentSource,
@@ -332,13 +333,16 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     env.stop_operator().await.unwrap();
 }
 
-/// With several providers a call routes by the provider a resource is labelled with, so
-/// a Node deleted with a device attached still has that device released on the right
-/// fabric (docs/behaviour.md §4, "Target node gone"): routing by the Node's labels alone
-/// had nothing to read once the Node was gone, and the detach waited forever.
+/// With several providers, a Node that is gone routes by the provider its resources are
+/// labelled with, so a Node deleted with a device attached still has that device
+/// released on the right fabric (docs/behaviour.md §4, "Target node gone"), and a
+/// device left on its machine is still found and released by the upstream sync: routing
+/// by the Node's labels alone had nothing to read once the Node was gone, and the
+/// detach waited forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_node_s_device_is_released_by_the_provider_that_attached_it() {
+async fn a_deleted_node_s_devices_are_released_by_the_provider_that_attached_them() {
     let mut env = Env::start().await;
+    env.config.timings.orphan_grace = Duration::from_secs(2);
     let sim_b = another_fabric(&env);
     let machine_a = env.add_node("pool-a-1", "16").await;
     let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
@@ -367,6 +371,18 @@ async fn a_deleted_node_s_device_is_released_by_the_provider_that_attached_it() 
     let on_a = env.resources_of("on-a").await[0].name_any();
     assert_eq!(env.gpus_on(&machine_a).len(), 1);
     let detaches_b = sim_b.requests_to(Route::FmDetach).len();
+    // Another controller's finalizer keeps the resource, and with it the machine it
+    // recorded, after its own device is released.
+    let hold =
+        json!([{"op": "add", "path": "/metadata/finalizers/-", "value": "test.example/hold"}]);
+    env.resources()
+        .patch(
+            &on_a,
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(hold).unwrap()),
+        )
+        .await
+        .unwrap();
 
     env.delete_node("pool-a-1").await;
     eventually(
@@ -375,6 +391,27 @@ async fn a_deleted_node_s_device_is_released_by_the_provider_that_attached_it() 
         || async { env.gpus_on(&machine_a).is_empty().then_some(()) },
     )
     .await;
+    // A device attached behind the operator's back to the deleted Node's machine: fabric
+    // a's listing still shows the machine, and the device is released after the grace.
+    env.sim
+        .attach_directly(&machine_a, "gpu", crate::common::MODEL)
+        .unwrap();
+    eventually("the stray device released", CONVERGE, || async {
+        env.gpus_on(&machine_a).is_empty().then_some(())
+    })
+    .await;
+    // The resource kept by the other finalizer only: that one goes, and so does it.
+    let kept = eventually("only the other finalizer left", CONVERGE, || async {
+        let r = env.resources().get_opt(&on_a).await.ok()??;
+        (r.finalizers() == ["test.example/hold"]).then_some(r)
+    })
+    .await;
+    let unhold =
+        json!({"metadata": {"finalizers": null, "resourceVersion": kept.resource_version()}});
+    env.resources()
+        .patch(&on_a, &PatchParams::default(), &Patch::Merge(&unhold))
+        .await
+        .unwrap();
     eventually("its request and resource gone", CONVERGE, || async {
         (env.request("on-a").await.is_none()
             && env.resources().get_opt(&on_a).await.ok()?.is_none())
