@@ -36,7 +36,7 @@ use crate::provider::node_cache::{NodeCache, ResourceCache};
 use crate::provider::node_scope::NodeScope;
 use crate::provider::tenure::{Tenure, TenureCell};
 use crate::provider::{DeviceProvider, ProviderCounters, ProviderResult};
-use route::{RouteEntry, RouteError};
+use route::{Call, RouteEntry, RouteError};
 
 /// Name of the implicit provider `--provider-spec` or the Go environment defines.
 pub(crate) const IMPLICIT_PROVIDER: &str = "default";
@@ -111,15 +111,6 @@ enum Labels {
         resources: ResourceCache,
     },
     NotNeeded,
-}
-
-/// What a routed call does with a node's devices (see [`Registry::serving_for`]).
-#[derive(Clone, Copy)]
-enum Call {
-    /// Attaches a device.
-    Attach,
-    /// Acts on a device the node holds (detach, check).
-    Held,
 }
 
 /// The providers by name.
@@ -284,6 +275,15 @@ impl Registry {
         )
     }
 
+    /// The provider label of resource `name`, as the resource cache shows it (None: not
+    /// labelled, not shown yet, or no resource cache).
+    fn label_of(&self, name: &str) -> Option<String> {
+        let Labels::Cache { resources, .. } = &self.labels else {
+            return None;
+        };
+        resources.get(name)?.labels().get(LABEL_PROVIDER).cloned()
+    }
+
     /// Whether provider `name` serves a node, the providers read once for every node
     /// asked: it is the only one, or routing names it (for a Node that is gone, by its
     /// resources' provider label: its devices are still listed and released).
@@ -358,20 +358,22 @@ impl Registry {
         }
     }
 
-    /// The slot and serving instance for a call on a device of `node`: an attach
-    /// (`Call::Attach`) goes where the node routes, a call on a device it holds
-    /// (`Call::Held`) may reach a Node that is gone ([`Registry::route_held_among`]). Or
-    /// the error the call returns.
+    /// The slot and serving instance for a call on `resource` ([`route::for_call`]: by
+    /// its provider label, as the resource cache shows it, and where its node routes; a
+    /// call on a device it holds may reach a Node that is gone,
+    /// [`Registry::route_held_among`]). Or the error the call returns.
     fn serving_for(
         &self,
-        node: &str,
+        resource: &domain::ComposableResource,
         call: Call,
     ) -> Result<(Arc<Slot>, Arc<dyn DeviceProvider>), CallError> {
+        let node = resource.target_node.as_str();
         let entries = self.route_entries();
-        let name = match call {
+        let label = self.label_of(&resource.name);
+        let name = route::for_call(node, call, label.as_deref(), &entries, || match call {
             Call::Attach => self.route_among(&entries, node),
             Call::Held => self.route_held_among(&entries, node),
-        };
+        });
         let name = name.map_err(|e| match e {
             // The cache may lag a new Node: a retry finds it.
             RouteError::UnknownNode { .. } => {
@@ -415,7 +417,7 @@ impl DeviceProvider for Registry {
     fn add<'a>(&'a self, request: &'a AddRequest) -> BoxFuture<'a, ProviderResult<AddOutcome>> {
         Box::pin(async move {
             let node = &request.resource.target_node;
-            let (slot, p) = self.serving_for(node, Call::Attach)?;
+            let (slot, p) = self.serving_for(&request.resource, Call::Attach)?;
             let r = p.add(request).await;
             Self::finish(&slot, node, "add_resource", r)
         })
@@ -426,7 +428,7 @@ impl DeviceProvider for Registry {
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<RemoveOutcome>> {
         Box::pin(async move {
-            let (slot, p) = self.serving_for(&resource.target_node, Call::Held)?;
+            let (slot, p) = self.serving_for(resource, Call::Held)?;
             let r = p.remove(resource).await;
             Self::finish(&slot, &resource.target_node, "remove_resource", r)
         })
@@ -437,7 +439,7 @@ impl DeviceProvider for Registry {
         resource: &'a domain::ComposableResource,
     ) -> BoxFuture<'a, ProviderResult<()>> {
         Box::pin(async move {
-            let (slot, p) = self.serving_for(&resource.target_node, Call::Held)?;
+            let (slot, p) = self.serving_for(resource, Call::Held)?;
             let r = p.check(resource).await;
             Self::finish(&slot, &resource.target_node, "check_resource", r)
         })

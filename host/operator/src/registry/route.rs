@@ -35,6 +35,59 @@ pub(crate) enum RouteError {
         "node {node} is not known (not in the Node cache, and no resource on it is labelled with a provider serving here)"
     )]
     UnknownNode { node: String },
+    #[error(
+        "node {node} is now served by CdiProvider {serving}, but the resource is labelled with {labelled}: no device is attached to it through another provider's fabric (delete the resource; its request plans it again)"
+    )]
+    Relabelled {
+        node: String,
+        labelled: String,
+        serving: String,
+    },
+}
+
+/// What a routed call does with a node's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// Attaches a device.
+    Attach,
+    /// Acts on a device a resource holds (detach, check).
+    Held,
+}
+
+/// The provider a call on a resource goes to. The resource's provider label (`label`:
+/// set when its node routed, then kept) names the fabric its device is on, and the
+/// provider whose controller reconciles it: a call on a device it holds goes there while
+/// that provider is among `providers`, wherever the node routes now (`routed`), unless
+/// two providers claim the node: that is reported, as for any call there, until the
+/// providers are fixed. An attach goes where the node routes, and only when that is the
+/// labelled provider: a node moved to another provider's pool meanwhile is refused,
+/// never attached through a fabric other than the one the resource belongs to.
+pub(crate) fn for_call(
+    node: &str,
+    call: Call,
+    label: Option<&str>,
+    providers: &[RouteEntry],
+    routed: impl FnOnce() -> Result<String, RouteError>,
+) -> Result<String, RouteError> {
+    match (call, label) {
+        (Call::Held, Some(l)) if providers.iter().any(|p| p.name == l) => match routed() {
+            Err(e @ RouteError::Ambiguous { .. }) => Err(e),
+            _ => Ok(l.to_owned()),
+        },
+        (Call::Held, _) | (Call::Attach, None) => routed(),
+        (Call::Attach, Some(l)) => {
+            let serving = routed()?;
+            if serving == l {
+                Ok(serving)
+            } else {
+                Err(RouteError::Relabelled {
+                    node: node.to_owned(),
+                    labelled: l.to_owned(),
+                    serving,
+                })
+            }
+        }
+    }
 }
 
 /// Whether `selector` selects a node with `labels` (Kubernetes label-selector semantics:
@@ -225,6 +278,69 @@ mod tests {
                 providers: vec!["a".into(), "d".into()],
             })
         );
+    }
+
+    #[test]
+    fn a_resource_s_calls_follow_its_label_and_an_attach_elsewhere_is_refused() {
+        let ps = [entry("a", None, false), entry("b", None, true)];
+        let to = |name: &str| {
+            let name = name.to_owned();
+            move || Ok::<_, RouteError>(name)
+        };
+        // A device held: its labelled provider, wherever the node routes now (or if it
+        // routes nowhere, or is gone) ...
+        assert_eq!(
+            for_call("n", Call::Held, Some("a"), &ps, to("b")),
+            Ok("a".into())
+        );
+        let nowhere = || Err(RouteError::NoProvider { node: "n".into() });
+        assert_eq!(
+            for_call("n", Call::Held, Some("a"), &ps, nowhere),
+            Ok("a".into())
+        );
+        let gone = || Err(RouteError::UnknownNode { node: "n".into() });
+        assert_eq!(
+            for_call("n", Call::Held, Some("a"), &ps, gone),
+            Ok("a".into())
+        );
+        // Not labelled, or labelled with a provider no longer here: where the node routes.
+        assert_eq!(
+            for_call("n", Call::Held, None, &ps, to("b")),
+            Ok("b".into())
+        );
+        assert_eq!(
+            for_call("n", Call::Held, Some("x"), &ps, to("b")),
+            Ok("b".into())
+        );
+        // An attach goes where the node routes, if that is the labelled provider.
+        assert_eq!(
+            for_call("n", Call::Attach, Some("a"), &ps, to("a")),
+            Ok("a".into())
+        );
+        assert_eq!(
+            for_call("n", Call::Attach, None, &ps, to("b")),
+            Ok("b".into())
+        );
+        assert_eq!(
+            for_call("n", Call::Attach, Some("a"), &ps, to("b")),
+            Err(RouteError::Relabelled {
+                node: "n".into(),
+                labelled: "a".into(),
+                serving: "b".into(),
+            })
+        );
+        // A routing error is the attach's error; two providers claiming the node are
+        // every call's (the providers need fixing first).
+        let ambiguous = RouteError::Ambiguous {
+            node: "n".into(),
+            providers: vec!["a".into(), "b".into()],
+        };
+        for call in [Call::Attach, Call::Held] {
+            assert_eq!(
+                for_call("n", call, Some("a"), &ps, || Err(ambiguous.clone())),
+                Err(ambiguous.clone())
+            );
+        }
     }
 
     #[test]

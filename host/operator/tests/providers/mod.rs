@@ -333,22 +333,25 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     env.stop_operator().await.unwrap();
 }
 
-/// With several providers, a Node that is gone routes by the provider its resources are
-/// labelled with, so a Node deleted with a device attached still has that device
-/// released on the right fabric (docs/behaviour.md §4, "Target node gone"), and a
-/// device left on its machine is still found and released by the upstream sync: routing
-/// by the Node's labels alone had nothing to read once the Node was gone, and the
-/// detach waited forever.
+/// With several providers, a device's calls go to the provider its resource is labelled
+/// with: a node moved to another provider's pool still has its device released on the
+/// fabric that attached it, a Node deleted with a device attached still has that device
+/// released (docs/behaviour.md §4, "Target node gone"), and a device left on a deleted
+/// Node's machine is still found and released by the upstream sync. Routing by the
+/// Node's labels alone sent the first detach to the other fabric and had nothing to read
+/// once the Node was gone (the detach waited forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_node_s_devices_are_released_by_the_provider_that_attached_them() {
+async fn a_device_is_released_by_the_provider_that_attached_it_after_its_node_moved_or_went() {
     let mut env = Env::start().await;
     env.config.timings.orphan_grace = Duration::from_secs(2);
     let sim_b = another_fabric(&env);
     let machine_a = env.add_node("pool-a-1", "16").await;
+    let machine_moved = env.add_node("pool-a-2", "16").await;
     let machine_b = env.add_node_on_fabric("pool-b-1", "16", &sim_b).await;
     label_node(&env, "pool-a-1", "a").await;
+    label_node(&env, "pool-a-2", "a").await;
     label_node(&env, "pool-b-1", "b").await;
-    env.sim.add_free_devices("gpu", crate::common::MODEL, 2);
+    env.sim.add_free_devices("gpu", crate::common::MODEL, 3);
     sim_b.add_free_devices("gpu", crate::common::MODEL, 2);
     put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
     let (base, _ca) = fti_spec(&env);
@@ -361,16 +364,44 @@ async fn a_deleted_node_s_devices_are_released_by_the_provider_that_attached_the
     start_objects_operator(&mut env).await;
     wait_loaded(&env, "fabric-a", None).await;
     wait_loaded(&env, "fabric-b", None).await;
-    for (req, node) in [("on-a", "pool-a-1"), ("on-b", "pool-b-1")] {
+    for (req, node) in [
+        ("on-a", "pool-a-1"),
+        ("moved", "pool-a-2"),
+        ("on-b", "pool-b-1"),
+    ] {
         let mut d = gpu(1);
         d.target_node = Some(node.into());
         env.create_request(req, d).await;
     }
-    env.wait_running("on-a", 1).await;
-    env.wait_running("on-b", 1).await;
+    for req in ["on-a", "moved", "on-b"] {
+        env.wait_running(req, 1).await;
+    }
     let on_a = env.resources_of("on-a").await[0].name_any();
     assert_eq!(env.gpus_on(&machine_a).len(), 1);
     let detaches_b = sim_b.requests_to(Route::FmDetach).len();
+
+    // pool-a-2 moves to pool b with fabric a's device attached. Fabric b's listing asks
+    // about its machine once the operator routes it there; the device's detach still
+    // goes to fabric a.
+    label_node(&env, "pool-a-2", "b").await;
+    eventually("pool-a-2 routed to fabric b", CONVERGE, || async {
+        sim_b
+            .requests_to(Route::FmGetMachine)
+            .iter()
+            .any(|r| r.path.ends_with(&machine_moved))
+            .then_some(())
+    })
+    .await;
+    env.delete_request("moved").await;
+    eventually(
+        "the moved node's device released on fabric a",
+        CONVERGE,
+        || async {
+            (env.gpus_on(&machine_moved).is_empty() && env.request("moved").await.is_none())
+                .then_some(())
+        },
+    )
+    .await;
     // Another controller's finalizer keeps the resource, and with it the machine it
     // recorded, after its own device is released.
     let hold =
