@@ -580,23 +580,26 @@ mod tests {
         store
     }
 
-    fn pool(p: &str) -> Option<LabelSelector> {
-        Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([("pool".to_owned(), p.to_owned())])),
-            match_expressions: None,
-        })
-    }
-
-    #[test]
-    fn a_node_gone_routes_its_devices_by_its_resources_label_but_takes_no_attach() {
+    /// A registry of `fabric-a` serving the nodes labelled `pool: a` and `fabric-b`
+    /// those labelled `pool: b`, no caches lent yet.
+    fn pools_a_and_b() -> Arc<Registry> {
         let registry = Registry::for_objects(NodeCache::default());
         for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
             registry.upsert(RouteEntry {
                 name: name.into(),
-                selector: pool(p),
+                selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("pool".to_owned(), p.to_owned())])),
+                    match_expressions: None,
+                }),
                 default: false,
             });
         }
+        registry
+    }
+
+    #[test]
+    fn a_node_gone_routes_its_devices_by_its_resources_label_but_takes_no_attach() {
+        let registry = pools_a_and_b();
         let node = |name: &str, p: &str| -> Node {
             object(json!({"metadata": {"name": name, "labels": {"pool": p}}}))
         };
@@ -640,14 +643,7 @@ mod tests {
 
     #[test]
     fn a_provider_s_deletion_waits_for_devices_on_its_nodes_and_those_labelled_with_it() {
-        let registry = Registry::for_objects(NodeCache::default());
-        for (name, p) in [("fabric-a", "a"), ("fabric-b", "b")] {
-            registry.upsert(RouteEntry {
-                name: name.into(),
-                selector: pool(p),
-                default: false,
-            });
-        }
+        let registry = pools_a_and_b();
         registry
             .node_cache()
             .expect("node cache")

@@ -109,6 +109,24 @@ async fn events_about(env: &Env, ns: Option<&str>, name: &str) -> Vec<(String, S
         .collect()
 }
 
+/// CdiProviders of the FTI component (from a ConfigMap): `fabric-a` serving node pool
+/// `a` on `env`'s fabric, `fabric-b` serving pool `b` on `sim_b`. Returns fabric a's spec
+/// (for more providers on that fabric) and the CA files, to keep while the test runs.
+async fn providers_for_pools_a_and_b(
+    env: &Env,
+    sim_b: &FabricSim,
+) -> (CdiProviderSpec, [tempfile::NamedTempFile; 2]) {
+    put_component(env, "fti", "fti.wasm", fti_bytes()).await;
+    let (base, ca) = fti_spec(env);
+    let (spec_b, ca_b) = fti_spec_for(sim_b);
+    for (name, p, spec) in [("fabric-a", "a", &base), ("fabric-b", "b", &spec_b)] {
+        let mut spec = spec.clone();
+        spec.node_selector = pool(p);
+        create_provider(env, name, spec).await;
+    }
+    (base, [ca, ca_b])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     let mut env = Env::start().await;
@@ -123,14 +141,7 @@ async fn two_providers_serve_two_node_pools_and_routing_errors_are_reported() {
     label_node(&env, "pool-c-1", "c").await;
     env.sim.add_free_devices("gpu", crate::common::MODEL, 4);
     sim_b.add_free_devices("gpu", crate::common::MODEL, 2);
-    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
-    let (base, _ca) = fti_spec(&env);
-    let (spec_b, _ca_b) = fti_spec_for(&sim_b);
-    for (name, p, spec) in [("fabric-a", "a", &base), ("fabric-b", "b", &spec_b)] {
-        let mut spec = spec.clone();
-        spec.node_selector = pool(p);
-        create_provider(&env, name, spec).await;
-    }
+    let (base, _cas) = providers_for_pools_a_and_b(&env, &sim_b).await;
     start_objects_operator(&mut env).await;
     let a = wait_loaded(&env, "fabric-a", None).await;
     wait_loaded(&env, "fabric-b", None).await;
@@ -353,14 +364,7 @@ async fn a_device_is_released_by_the_provider_that_attached_it_after_its_node_mo
     label_node(&env, "pool-b-1", "b").await;
     env.sim.add_free_devices("gpu", crate::common::MODEL, 3);
     sim_b.add_free_devices("gpu", crate::common::MODEL, 2);
-    put_component(&env, "fti", "fti.wasm", fti_bytes()).await;
-    let (base, _ca) = fti_spec(&env);
-    let (spec_b, _ca_b) = fti_spec_for(&sim_b);
-    for (name, p, spec) in [("fabric-a", "a", &base), ("fabric-b", "b", &spec_b)] {
-        let mut spec = spec.clone();
-        spec.node_selector = pool(p);
-        create_provider(&env, name, spec).await;
-    }
+    let (_, _cas) = providers_for_pools_a_and_b(&env, &sim_b).await;
     start_objects_operator(&mut env).await;
     wait_loaded(&env, "fabric-a", None).await;
     wait_loaded(&env, "fabric-b", None).await;
