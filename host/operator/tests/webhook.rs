@@ -61,11 +61,19 @@ async fn create(env: &Env, name: &str, details: ScalarResourceDetails) -> Result
         .map_err(|e| e.to_string())?;
     // The webhook judges against its watch-fed cache, as a controller-runtime webhook
     // does. Once the controllers (another watch) have written a status, that watch has
-    // delivered the creation too, so the next review sees this request.
+    // delivered the creation too, so the next review sees this request. A request they
+    // deleted instead (its target node does not exist: one admitted before the API
+    // server used a webhook configuration just made) was seen as well, and is no more.
     eventually(
         &format!("{name} seen by the operator"),
         CONVERGE,
-        || async { env.request(name).await?.status.map(|_| ()) },
+        || async {
+            match env.requests().get_opt(name).await {
+                Ok(Some(r)) => r.status.map(|_| ()),
+                Ok(None) => Some(()),
+                Err(_) => None,
+            }
+        },
     )
     .await;
     Ok(())
