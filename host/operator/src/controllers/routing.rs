@@ -13,9 +13,10 @@
 //!
 //! A label, once set, is kept: a resource's device is on its provider's fabric whatever
 //! the node's labels say later, and the registry sends the calls on that device there
-//! (crate::registry::route::for_call). A resource on a Node that is gone takes the provider the
-//! node's other resources are labelled with (crate::registry::Registry::route_held):
-//! whatever is on that node's machine is that provider's, and its detach must reach it.
+//! (crate::registry::route::for_call). A resource on a Node that is gone takes the
+//! provider the node's other resources are labelled with
+//! (crate::registry::Registry::route_held): whatever is on that node's machine is that
+//! provider's, and its detach must reach it.
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};

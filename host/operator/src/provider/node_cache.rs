@@ -61,23 +61,26 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> LentCache<K> {
         *self.store.write().unwrap_or_else(PoisonError::into_inner) = Some(store);
     }
 
-    /// The store, once lent and listed: before its first listing an empty store would
-    /// answer "no such object" for every object.
-    fn listed(&self) -> Option<Store<K>> {
+    /// What `read` finds in the store, once lent and listed: before its first listing an
+    /// empty store would answer "no such object" for every object.
+    fn read_listed<T>(&self, read: impl FnOnce(&Store<K>) -> Option<T>) -> Option<T> {
         let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
         let store = guard.as_ref()?;
-        matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))).then(|| store.clone())
+        if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+            return None;
+        }
+        read(store)
     }
 
     /// Object `name` as the cache shows it; None when no cache is lent, it has not listed
     /// yet, or it does not show the object.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<K>> {
-        self.listed()?.get(&ObjectRef::new(name))
+        self.read_listed(|s| s.get(&ObjectRef::new(name)))
     }
 
     /// Every object the cache shows; None when no cache is lent or it has not listed yet.
     pub(crate) fn all(&self) -> Option<Vec<Arc<K>>> {
-        self.listed().map(|s| s.state())
+        self.read_listed(|s| Some(s.state()))
     }
 }
 

@@ -259,20 +259,19 @@ impl Registry {
         }
     }
 
-    /// The provider label of every cached resource targeting `node` (None: no resource
-    /// cache lent or listed yet).
-    fn labels_of_resources_on(&self, node: &str) -> Option<Vec<Option<String>>> {
+    /// The provider label of every cached resource targeting `node` (none while no
+    /// resource cache is lent or listed).
+    fn labels_of_resources_on(&self, node: &str) -> Vec<Option<String>> {
         let Labels::Cache { resources, .. } = &self.labels else {
-            return None;
+            return Vec::new();
         };
-        Some(
-            resources
-                .all()?
-                .iter()
-                .filter(|r| r.spec.target_node == node)
-                .map(|r| r.labels().get(LABEL_PROVIDER).cloned())
-                .collect(),
-        )
+        resources
+            .all()
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.spec.target_node == node)
+            .map(|r| r.labels().get(LABEL_PROVIDER).cloned())
+            .collect()
     }
 
     /// The provider label of resource `name`, as the resource cache shows it (None: not
@@ -348,12 +347,10 @@ impl Registry {
     /// attached to a node that is gone.
     fn route_held_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
         match self.route_among(entries, node) {
-            Err(RouteError::UnknownNode { .. }) => route::by_resources(
-                node,
-                self.labels_of_resources_on(node).unwrap_or_default(),
-                entries,
-            )
-            .map(|e| e.name.clone()),
+            Err(RouteError::UnknownNode { .. }) => {
+                route::by_resources(node, self.labels_of_resources_on(node), entries)
+                    .map(|e| e.name.clone())
+            }
             routed => routed,
         }
     }

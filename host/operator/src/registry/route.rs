@@ -159,15 +159,15 @@ pub(crate) fn by_resources<'a>(
     let unknown = || RouteError::UnknownNode {
         node: node.to_owned(),
     };
-    match named.iter().collect::<Vec<_>>().as_slice() {
-        [one] => providers
+    match named.len() {
+        0 => Err(unknown()),
+        1 => providers
             .iter()
-            .find(|p| &p.name == *one)
+            .find(|p| named.contains(&p.name))
             .ok_or_else(unknown),
-        [] => Err(unknown()),
-        many => Err(RouteError::Ambiguous {
+        _ => Err(RouteError::Ambiguous {
             node: node.to_owned(),
-            providers: many.iter().map(|p| (*p).clone()).collect(),
+            providers: named.into_iter().collect(),
         }),
     }
 }
