@@ -555,9 +555,9 @@ async fn progress_of_a_slow_request_is_written_at_a_slower_pace() {
 /// (the old code wrote Attaching, then Ready False; Online, then Ready True). Seen from a
 /// watch, no version of a resource is Online without Ready True, or Attaching without a
 /// Ready condition saying why it is not ready. The writes per device are counted on the
-/// operator's client and printed (docs/BENCHMARKS.md lists them), and each device has one
-/// Normal Event per phase (two before: `Attached` and `Online`, `Detaching` and
-/// `Detached`).
+/// operator's client and printed (docs/BENCHMARKS.md lists them), and a request's devices
+/// are named by one Normal Event of the request per phase (before: each device's
+/// `Attached` and `Online`, `Detaching` and `Detached`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_state_and_its_ready_condition_are_one_write() {
     use futures::StreamExt;
@@ -663,7 +663,7 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
     // At most one Event per device per phase (warnings apart). Up, one for the request:
     // its `Running` Event names every device; the old code also sent each device's
     // `Attached` and the request's `Allocated` (and, before that, `Online` per device).
-    // Down, `Detached` (the old code also sent `Detaching`).
+    // Down, see below.
     let up_events = normal_events(&env).await;
     let running = normal_event_messages(&env, "r").await;
     eprintln!("the request on its way up: Events {running:?}");
@@ -700,15 +700,39 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         assert_eq!(status, 0, "{name}: {status} status writes down");
         assert!(meta <= 1, "{name}: {meta} metadata writes down");
     }
+    // Down as up: one Event for the request, `Detached` once its last device is gone
+    // (sent after its finalizer's removal, so waited for), naming every device; the old
+    // code sent a `Detached` per device instead.
+    let detached = eventually("the request's Detached Event", CONVERGE, || async {
+        let events = normal_event_messages(&env, "r").await;
+        (events.len() > 1).then_some(events)
+    })
+    .await;
+    eprintln!("the request on its way down: Events {:?}", &detached[1..]);
+    assert_eq!(detached.len(), 2, "the request's Events: {detached:?}");
+    assert_eq!(detached[1].0, "Detached");
     let all_events = normal_events(&env).await;
     for res in &resources.items {
         let name = res.metadata.name.clone().unwrap();
-        let down: Vec<_> = all_events[&name]
-            .iter()
+        let down: Vec<_> = all_events
+            .get(&name)
+            .into_iter()
+            .flatten()
             .skip(up_events.get(&name).map_or(0, Vec::len))
             .collect();
         eprintln!("{name} on its way down: Events {down:?}");
-        assert_eq!(down, ["Detached"], "{name}'s Events down");
+        assert!(down.is_empty(), "{name}'s Events down: {down:?}");
+        let device = res
+            .status
+            .as_ref()
+            .map(|s| s.device_id.clone())
+            .unwrap_or_default();
+        assert!(
+            detached[1]
+                .1
+                .contains(&format!("{name} ({device}) from worker-1")),
+            "the Detached Event names {name}: {detached:?}"
+        );
     }
     env.stop_operator().await.unwrap();
 }

@@ -507,6 +507,12 @@ impl Caches {
         Self::ready(&self.requests).then(|| self.requests.state())
     }
 
+    /// The cached ComposabilityRequest named `name` (None when the cache does not show
+    /// it, or has not listed requests yet).
+    pub(crate) fn request(&self, name: &str) -> Option<Arc<ComposabilityRequest>> {
+        self.requests.get(&reflector::ObjectRef::new(name))
+    }
+
     /// The Node cache itself, for a reader that looks nodes up by name (the provider
     /// registry's routing by node labels).
     pub(crate) fn node_store(&self) -> Store<Node> {

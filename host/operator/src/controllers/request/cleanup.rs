@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use cro_api::{ComposabilityRequest, ComposableResource, CroObjectExt, RequestState};
-use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 
+use super::converge::MAX_NAMED;
 use super::mirror::entry_of;
 use super::{Outcome, Unmade, paced, resources_of, set_state, status_of};
 use crate::error::ReconcileError;
@@ -35,6 +37,7 @@ pub(super) async fn on_delete(req: ComposabilityRequest, ctx: &Context) -> Outco
         // `Deleting` is finished above).
         patch::remove_finalizer(&api, &req).await?;
         ctx.progress_written(&reconcile::object_key(&req));
+        detached_event(ctx, &req).await;
         return Ok((Step::wait(), None));
     }
 
@@ -95,4 +98,86 @@ async fn cleaning(
     }
     // The state alone: progress still waiting (the mirror) keeps its pace.
     Ok((set_state(ctx, &req, RequestState::Cleaning).await?, None))
+}
+
+/// The request's one `Detached` Event once its last device is gone, naming the devices
+/// its status lists (which sent no Event of their own: `resource::detach`, as up the
+/// `Running` Event names them instead of an `Attached` each). A device whose going a
+/// `Cleaning` write had already shown (a deletion lasting over
+/// `Context::cleaning_progress_delay`) is no longer in the status, and not named.
+async fn detached_event(ctx: &Context, req: &ComposabilityRequest) {
+    let status = status_of(req);
+    let Some(note) = detached_message(&status.resources) else {
+        return;
+    };
+    ctx.event(
+        &req.object_ref(&()),
+        EventType::Normal,
+        "Detached",
+        "Delete",
+        note,
+    )
+    .await;
+}
+
+/// The `Detached` Event's note, e.g. `all 2 devices are detached: gpu-a (GPU-1) from
+/// worker-1, gpu-b (GPU-2) from worker-1`; `None` when the status lists no device.
+pub(crate) fn detached_message(entries: &super::mirror::Entries) -> Option<String> {
+    let attached: Vec<_> = entries
+        .iter()
+        .filter(|(_, e)| !e.device_id.is_empty())
+        .collect();
+    if attached.is_empty() {
+        return None;
+    }
+    let mut named: Vec<String> = attached
+        .iter()
+        .take(MAX_NAMED)
+        .map(|(name, e)| format!("{name} ({}) from {}", e.device_id, e.node_name))
+        .collect();
+    if attached.len() > MAX_NAMED {
+        named.push(format!("and {} more", attached.len() - MAX_NAMED));
+    }
+    Some(format!(
+        "all {} devices are detached: {}",
+        attached.len(),
+        named.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use cro_api::ScalarResourceStatus;
+
+    use super::detached_message;
+    use crate::controllers::request::mirror::Entries;
+
+    fn entry(device: &str) -> ScalarResourceStatus {
+        ScalarResourceStatus {
+            device_id: device.into(),
+            node_name: "worker-1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_request_s_detached_event_names_the_devices_its_status_lists() {
+        let mut entries = Entries::new();
+        assert_eq!(detached_message(&entries), None);
+        // A device the status lists without an id was never attached: not named.
+        entries.insert("gpu-z".into(), entry(""));
+        assert_eq!(detached_message(&entries), None);
+        entries.insert("gpu-a".into(), entry("GPU-1"));
+        entries.insert("gpu-b".into(), entry("GPU-2"));
+        assert_eq!(
+            detached_message(&entries).unwrap(),
+            "all 2 devices are detached: gpu-a (GPU-1) from worker-1, gpu-b (GPU-2) from worker-1"
+        );
+        for i in 0..10 {
+            entries.insert(format!("gpu-n{i}"), entry(&format!("GPU-n{i}")));
+        }
+        let note = detached_message(&entries).unwrap();
+        assert!(note.starts_with("all 12 devices are detached: gpu-a (GPU-1)"), "{note}");
+        assert!(note.ends_with(", and 4 more"), "{note}");
+    }
 }

@@ -234,8 +234,9 @@ async fn write_status(
     Ok(req)
 }
 
-/// How many devices a `Running` Event names; the rest are counted.
-const MAX_NAMED_ONLINE: usize = 8;
+/// How many devices a `Running` or `Detached` Event of a request names; the rest are
+/// counted.
+pub(super) const MAX_NAMED: usize = 8;
 
 /// The `Running` Event's message: every device and where it is (the per-device
 /// `Attached` Events of a request's devices were one Event per device more; the request's
@@ -244,11 +245,11 @@ const MAX_NAMED_ONLINE: usize = 8;
 pub(crate) fn online_message(entries: &super::mirror::Entries) -> String {
     let mut named: Vec<String> = entries
         .iter()
-        .take(MAX_NAMED_ONLINE)
+        .take(MAX_NAMED)
         .map(|(name, e)| format!("{name} ({}) on {}", e.device_id, e.node_name))
         .collect();
-    if entries.len() > MAX_NAMED_ONLINE {
-        named.push(format!("and {} more", entries.len() - MAX_NAMED_ONLINE));
+    if entries.len() > MAX_NAMED {
+        named.push(format!("and {} more", entries.len() - MAX_NAMED));
     }
     format!(
         "all {} devices are online: {}",

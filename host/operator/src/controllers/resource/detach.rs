@@ -3,7 +3,8 @@
 //! fails, not before it starts.
 
 use cro_api::{
-    ANNOTATION_SKIP_NODE_STEPS, ComposableResource, CroObjectExt, ResourceState, ResourceType,
+    ANNOTATION_SKIP_NODE_STEPS, ComposabilityRequest, ComposableResource, CroObjectExt,
+    ResourceState, ResourceType,
 };
 use cro_runtime::domain::RemoveOutcome;
 use kube::api::Api;
@@ -316,6 +317,10 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
     }
     ctx.forget_rescan(&name);
     tracing::info!(node = %node, device = ?uuid, "detached");
+    let request = res.managed_by().and_then(|r| ctx.caches.request(r));
+    if named_by_its_request(&res, request.as_deref(), steps) {
+        return release(&api, &res).await;
+    }
     ctx.event(
         &res.object_ref(&()),
         EventType::Normal,
@@ -332,13 +337,41 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
         },
     )
     .await;
-    match patch::remove_finalizer(&api, &res).await {
+    release(&api, &res).await
+}
+
+/// Whether the `Detached` Event of the device's request will name it, so that it sends
+/// none of its own (one Event per request down, as up: docs/troubleshooting.md, "Event
+/// reasons"): a detach with every node step, of a device its request manages while the
+/// request is being deleted and its status lists the device with its id (the request's Event names
+/// the devices of its status once the last one is gone: `request::cleanup`). A request
+/// the cache does not show, or not yet as being deleted, leaves the device its own.
+fn named_by_its_request(
+    res: &ComposableResource,
+    request: Option<&ComposabilityRequest>,
+    steps: NodeSteps,
+) -> bool {
+    steps == NodeSteps::All
+        && request.is_some_and(|r| {
+            r.is_being_deleted()
+                && r.status.as_ref().is_some_and(|s| {
+                    s.resources
+                        .get(&res.name_any())
+                        .is_some_and(|e| !e.device_id.is_empty())
+                })
+        })
+}
+
+/// The finalizer removed: the object goes.
+async fn release(api: &Api<ComposableResource>, res: &ComposableResource) -> Outcome {
+    let name = res.name_any();
+    match patch::remove_finalizer(api, res).await {
         // Changed since this reconciliation read it (an annotation, another
         // controller's write): the removal is asked again on what is there now, rather
         // than going through the whole detach again.
         Err(e) if e.is_conflict() => {
             if let Some(now) = api.get_opt(&name).await? {
-                patch::remove_finalizer(&api, &now).await?;
+                patch::remove_finalizer(api, &now).await?;
             }
         }
         other => other?,
@@ -365,7 +398,61 @@ async fn holder_elsewhere(
 
 #[cfg(test)]
 mod tests {
-    use super::{NodeSteps, node_steps};
+    use cro_api::{ComposabilityRequest, ComposableResource};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+
+    use super::{NodeSteps, named_by_its_request, node_steps};
+
+    fn request(deleting: bool, listed: Option<&str>) -> ComposabilityRequest {
+        let mut status = json!({"state": "Cleaning", "resources": {}});
+        if let Some(device) = listed {
+            status["resources"]["gpu-a"] = json!({"device_id": device, "node_name": "n1"});
+        }
+        let mut req: ComposabilityRequest = serde_json::from_value(json!({
+            "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1",
+            "kind": "ComposabilityRequest",
+            "metadata": {"name": "r"},
+            "spec": {"resource": {"type": "gpu", "model": "A100", "size": 1}},
+            "status": status,
+        }))
+        .unwrap();
+        if deleting {
+            req.metadata.deletion_timestamp =
+                Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
+        }
+        req
+    }
+
+    #[test]
+    fn a_device_leaves_its_event_to_its_request_only_when_that_one_names_it() {
+        let res: ComposableResource = serde_json::from_value(json!({
+            "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1",
+            "kind": "ComposableResource",
+            "metadata": {"name": "gpu-a", "labels": {"app.kubernetes.io/managed-by": "r"}},
+            "spec": {"type": "gpu", "model": "A100", "target_node": "n1"},
+        }))
+        .unwrap();
+        let named = request(true, Some("GPU-1"));
+        assert!(named_by_its_request(&res, Some(&named), NodeSteps::All));
+        // Skipped node steps are said by the device itself.
+        for steps in [
+            NodeSteps::NoCommands,
+            NodeSteps::FabricOnly,
+            NodeSteps::Unreachable,
+        ] {
+            assert!(!named_by_its_request(&res, Some(&named), steps));
+        }
+        // The request not (yet, as the cache shows it) being deleted, not in the cache,
+        // not listing the device, or listing it without its id: the device's own Event.
+        let live = request(false, Some("GPU-1"));
+        assert!(!named_by_its_request(&res, Some(&live), NodeSteps::All));
+        assert!(!named_by_its_request(&res, None, NodeSteps::All));
+        let unlisted = request(true, None);
+        assert!(!named_by_its_request(&res, Some(&unlisted), NodeSteps::All));
+        let without_id = request(true, Some(""));
+        assert!(!named_by_its_request(&res, Some(&without_id), NodeSteps::All));
+    }
 
     #[test]
     fn the_ways_out_choose_the_node_steps() {
