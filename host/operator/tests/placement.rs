@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{CONVERGE, Env, MODEL, eventually, gpu};
-use cro_api::{AllocationPolicy, NodeSpec, RequestState};
+use cro_api::{AllocationPolicy, ComposableResource, NodeSpec, RequestState};
 use cro_operator::INSUFFICIENT_NODES;
 use kube::api::ListParams;
 
@@ -674,17 +674,7 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
         let mine = up_events.get(&name).cloned().unwrap_or_default();
         eprintln!("{name} on its way up: Events {mine:?}");
         assert!(mine.is_empty(), "{name}'s Events up: {mine:?}");
-        let device = res
-            .status
-            .as_ref()
-            .map(|s| s.device_id.clone())
-            .unwrap_or_default();
-        assert!(
-            running[0]
-                .1
-                .contains(&format!("{name} ({device}) on worker-1")),
-            "the Running Event names {name}: {running:?}"
-        );
+        assert_event_names(&running[0], res, "on worker-1");
     }
     // And on the way down, from the request's deletion until every resource is gone.
     writes_at_delete.lock().unwrap().replace(Vec::new());
@@ -722,17 +712,7 @@ async fn a_device_state_and_its_ready_condition_are_one_write() {
             .collect();
         eprintln!("{name} on its way down: Events {down:?}");
         assert!(down.is_empty(), "{name}'s Events down: {down:?}");
-        let device = res
-            .status
-            .as_ref()
-            .map(|s| s.device_id.clone())
-            .unwrap_or_default();
-        assert!(
-            detached[1]
-                .1
-                .contains(&format!("{name} ({device}) from worker-1")),
-            "the Detached Event names {name}: {detached:?}"
-        );
+        assert_event_names(&detached[1], res, "from worker-1");
     }
     env.stop_operator().await.unwrap();
 }
@@ -963,6 +943,22 @@ fn writes_of(paths: &[String], name: &str) -> (usize, usize) {
         .filter(|p| **p == format!("{name}/status"))
         .count();
     (status, paths.iter().filter(|p| **p == name).count())
+}
+
+/// That a request's Event `(reason, note)` names `res` with its device id and where it
+/// is (`on worker-1`, `from worker-1`).
+fn assert_event_names(event: &(String, String), res: &ComposableResource, place: &str) {
+    let name = res.metadata.name.clone().unwrap_or_default();
+    let device = res
+        .status
+        .as_ref()
+        .map(|s| s.device_id.clone())
+        .unwrap_or_default();
+    assert!(
+        event.1.contains(&format!("{name} ({device}) {place}")),
+        "the {} Event names {name}: {event:?}",
+        event.0
+    );
 }
 
 /// The (reason, message) of the Normal Events about `object`, oldest first.

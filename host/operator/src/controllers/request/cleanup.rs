@@ -177,7 +177,10 @@ mod tests {
             entries.insert(format!("gpu-n{i}"), entry(&format!("GPU-n{i}")));
         }
         let note = detached_message(&entries).unwrap();
-        assert!(note.starts_with("all 12 devices are detached: gpu-a (GPU-1)"), "{note}");
+        assert!(
+            note.starts_with("all 12 devices are detached: gpu-a (GPU-1)"),
+            "{note}"
+        );
         assert!(note.ends_with(", and 4 more"), "{note}");
     }
 }

@@ -4,7 +4,7 @@
 
 use cro_api::{
     ANNOTATION_SKIP_NODE_STEPS, ComposabilityRequest, ComposableResource, CroObjectExt,
-    ResourceState, ResourceType,
+    RequestState, ResourceState, ResourceType,
 };
 use cro_runtime::domain::RemoveOutcome;
 use kube::api::Api;
@@ -353,7 +353,10 @@ fn named_by_its_request(
 ) -> bool {
     steps == NodeSteps::All
         && request.is_some_and(|r| {
+            // A request a Go operator left `Deleting` loses its finalizer at once,
+            // without an Event of its own.
             r.is_being_deleted()
+                && r.state() != RequestState::Deleting
                 && r.status.as_ref().is_some_and(|s| {
                     s.resources
                         .get(&res.name_any())
@@ -405,7 +408,11 @@ mod tests {
     use super::{NodeSteps, named_by_its_request, node_steps};
 
     fn request(deleting: bool, listed: Option<&str>) -> ComposabilityRequest {
-        let mut status = json!({"state": "Cleaning", "resources": {}});
+        request_in("Cleaning", deleting, listed)
+    }
+
+    fn request_in(state: &str, deleting: bool, listed: Option<&str>) -> ComposabilityRequest {
+        let mut status = json!({"state": state, "resources": {}});
         if let Some(device) = listed {
             status["resources"]["gpu-a"] = json!({"device_id": device, "node_name": "n1"});
         }
@@ -418,8 +425,7 @@ mod tests {
         }))
         .unwrap();
         if deleting {
-            req.metadata.deletion_timestamp =
-                Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
+            req.metadata.deletion_timestamp = Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
         }
         req
     }
@@ -451,7 +457,23 @@ mod tests {
         let unlisted = request(true, None);
         assert!(!named_by_its_request(&res, Some(&unlisted), NodeSteps::All));
         let without_id = request(true, Some(""));
-        assert!(!named_by_its_request(&res, Some(&without_id), NodeSteps::All));
+        assert!(!named_by_its_request(
+            &res,
+            Some(&without_id),
+            NodeSteps::All
+        ));
+        // A request a Go operator left `Deleting` sends no Event when it goes.
+        let go_leftover = request_in("Deleting", true, Some("GPU-1"));
+        assert!(!named_by_its_request(
+            &res,
+            Some(&go_leftover),
+            NodeSteps::All
+        ));
+        assert!(named_by_its_request(
+            &res,
+            Some(&request_in("Running", true, Some("GPU-1"))),
+            NodeSteps::All
+        ));
     }
 
     #[test]
