@@ -337,6 +337,11 @@ async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
     const DEVICES: usize = 6;
     let mut env = Env::start_with(kube_harness::Harness::builder(), api).await;
     let machine = env.add_node("worker-1", "16").await;
+    // A node no request asks for: the look for a lost reply's device reads only its
+    // target node's machine, so nothing but the upstream sync asks about this one (and
+    // the sync lists once at most here).
+    let elsewhere = env.add_node("worker-2", "16").await;
+    env.config.timings.sync_period = Duration::from_secs(3600);
     env.sim.add_free_devices("gpu", MODEL, DEVICES);
     let route = match api {
         FabricApi::Fm => Route::FmAttach,
@@ -351,7 +356,11 @@ async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
         trap_on: 3,
     });
     env.start_operator().await;
-    env.create_request("lossy", gpu(3)).await;
+    let on_worker_1 = cro_api::ScalarResourceDetails {
+        target_node: Some("worker-1".into()),
+        ..gpu(3)
+    };
+    env.create_request("lossy", on_worker_1).await;
     env.wait_running("lossy", 3).await;
 
     let mut held: Vec<String> = env
@@ -385,6 +394,20 @@ async fn lost_attach_replies_cost_no_second_device(api: FabricApi) {
     if api == FabricApi::Fm {
         assert_eq!(adopted, 3, "{metrics}");
     }
+    // Each look read worker-1's machine alone (the code before read every node's: one
+    // read of worker-2's machine per look, 3 more here with FM).
+    let reads_elsewhere = env
+        .sim
+        .requests()
+        .iter()
+        .filter(|r| matches!(r.route, Some(Route::FmGetMachine | Route::CmGetMachine)))
+        .filter(|r| r.path.ends_with(&format!("/{elsewhere}")))
+        .count();
+    eprintln!("reads of worker-2's machine: {reads_elsewhere}");
+    assert!(
+        reads_elsewhere <= 1,
+        "{reads_elsewhere} reads of the machine of a node no look is about"
+    );
     // The attempt records stay on the resources holding their devices (removing them was
     // a write per device, docs/BENCHMARKS.md): unread from then on, they hold nothing up
     // below (the detach releases every device).

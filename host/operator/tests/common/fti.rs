@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cro_operator::DeviceProvider;
-use cro_runtime::cluster::KubeCluster;
+use cro_operator::{DeviceProvider, NodeCache, RememberingCluster};
 use cro_runtime::{Runtime, RuntimeOptions};
 
 use super::{Env, FabricApi};
 
-/// The FTI component loaded again from the Go environment, with `CRO_FTI_CALL_TIMEOUT`.
+/// The FTI component loaded again from the Go environment, with `CRO_FTI_CALL_TIMEOUT`,
+/// on the cluster view `cro run` gives it.
 pub async fn with_call_timeout(env: &Env, timeout: &str) -> Arc<dyn DeviceProvider> {
     let ca = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(ca.path(), env.sim.ca_pem()).unwrap();
@@ -33,10 +33,7 @@ pub async fn with_call_timeout(env: &Env, timeout: &str) -> Arc<dyn DeviceProvid
         .unwrap()
         .unwrap();
     let runtime = Runtime::new(RuntimeOptions::default()).unwrap();
-    Arc::new(
-        runtime
-            .load(&spec, Arc::new(KubeCluster::new(env.client.clone())))
-            .await
-            .unwrap(),
-    )
+    // The cluster view `cro run` gives it (its Node cache not lent: lookups are GETs).
+    let cluster = RememberingCluster::of_api_server(env.client.clone(), NodeCache::default());
+    Arc::new(runtime.load(&spec, Arc::new(cluster)).await.unwrap())
 }

@@ -6,8 +6,9 @@
 //! before asking the provider, the attempt is recorded on the resource (annotation
 //! [`ANNOTATION_ATTACH_ATTEMPT`], written *before* the call: crash-safe), and while such
 //! a record says the outcome is unknown, the next attempt first lists the fabric's
-//! devices and adopts one of the resource's type and model on its target node that no
-//! ComposableResource holds, instead of asking the fabric for another.
+//! devices on its target node (the provider's listing of Nodes shows that node alone:
+//! `node_scope::focused_on`) and adopts one of the resource's type and model there that
+//! no ComposableResource holds, instead of asking the fabric for another.
 //!
 //! A provider that answered "in progress" (FTI's Cluster Manager) keeps track of its
 //! request in its own memory, which lives as long as this process: the record names
@@ -46,6 +47,7 @@ use crate::error::ReconcileError;
 use crate::plumbing::context::Context;
 use crate::plumbing::patch::FIELD_MANAGER;
 use crate::provider::node_machine::{ANNOTATION_NODE_MACHINE, NodeMachine};
+use crate::provider::node_scope;
 use crate::provider::tenure::LeaseHolder;
 use crate::provider::{
     NodeGuard, Operation, ProviderResult, add_request, claims, device_type, to_domain,
@@ -292,9 +294,8 @@ pub(crate) async fn add(
     let held = ctx.caches.node_resources(&ctx.client, res).await?;
     let claims = claims(held.iter().map(AsRef::as_ref));
     if must_look_first(attempt.as_ref(), &PROCESS, asked(&name)) {
-        let devices = ctx
-            .provider
-            .list(&claims)
+        // Only the target node's devices can be picked: the listing asks about it alone.
+        let devices = node_scope::focused_on(&res.spec.target_node, ctx.provider.list(&claims))
             .await
             .map_err(|e| ReconcileError::provider(Operation::List, e))?;
         let claimed = claimed_ids(held.iter().map(AsRef::as_ref));
