@@ -8,7 +8,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::converge::MAX_NAMED;
+use super::converge::devices_message;
 use super::mirror::entry_of;
 use super::{Outcome, Unmade, paced, resources_of, set_state, status_of};
 use crate::error::ReconcileError;
@@ -127,22 +127,7 @@ pub(crate) fn detached_message(entries: &super::mirror::Entries) -> Option<Strin
         .iter()
         .filter(|(_, e)| !e.device_id.is_empty())
         .collect();
-    if attached.is_empty() {
-        return None;
-    }
-    let mut named: Vec<String> = attached
-        .iter()
-        .take(MAX_NAMED)
-        .map(|(name, e)| format!("{name} ({}) from {}", e.device_id, e.node_name))
-        .collect();
-    if attached.len() > MAX_NAMED {
-        named.push(format!("and {} more", attached.len() - MAX_NAMED));
-    }
-    Some(format!(
-        "all {} devices are detached: {}",
-        attached.len(),
-        named.join(", ")
-    ))
+    (!attached.is_empty()).then(|| devices_message("detached", "from", attached.into_iter()))
 }
 
 #[cfg(test)]

@@ -236,26 +236,32 @@ async fn write_status(
 
 /// How many devices a `Running` or `Detached` Event of a request names; the rest are
 /// counted.
-pub(super) const MAX_NAMED: usize = 8;
+const MAX_NAMED: usize = 8;
 
 /// The `Running` Event's message: every device and where it is (the per-device
 /// `Attached` Events of a request's devices were one Event per device more; the request's
 /// Event says it, docs/BENCHMARKS.md, Events), e.g. `all 2 devices are online: gpu-a
 /// (GPU-1) on worker-1, gpu-b (GPU-2) on worker-1`.
 pub(crate) fn online_message(entries: &super::mirror::Entries) -> String {
-    let mut named: Vec<String> = entries
-        .iter()
+    devices_message("online", "on", entries.iter())
+}
+
+/// `all N devices are <what>: name (device) <place> node, …`: the first
+/// [`MAX_NAMED`] named, the rest counted.
+pub(super) fn devices_message<'a>(
+    what: &str,
+    place: &str,
+    devices: impl ExactSizeIterator<Item = (&'a String, &'a cro_api::ScalarResourceStatus)>,
+) -> String {
+    let n = devices.len();
+    let mut named: Vec<String> = devices
         .take(MAX_NAMED)
-        .map(|(name, e)| format!("{name} ({}) on {}", e.device_id, e.node_name))
+        .map(|(name, e)| format!("{name} ({}) {place} {}", e.device_id, e.node_name))
         .collect();
-    if entries.len() > MAX_NAMED {
-        named.push(format!("and {} more", entries.len() - MAX_NAMED));
+    if n > MAX_NAMED {
+        named.push(format!("and {} more", n - MAX_NAMED));
     }
-    format!(
-        "all {} devices are online: {}",
-        entries.len(),
-        named.join(", ")
-    )
+    format!("all {n} devices are {what}: {}", named.join(", "))
 }
 
 /// The resource's Ready condition is False.
