@@ -343,9 +343,10 @@ async fn finish(res: ComposableResource, ctx: &Context, uuid: &str, steps: NodeS
 /// Whether the `Detached` Event of the device's request will name it, so that it sends
 /// none of its own (one Event per request down, as up: docs/troubleshooting.md, "Event
 /// reasons"): a detach with every node step, of a device its request manages while the
-/// request is being deleted and its status lists the device with its id (the request's Event names
-/// the devices of its status once the last one is gone: `request::cleanup`). A request
-/// the cache does not show, or not yet as being deleted, leaves the device its own.
+/// request is being deleted and its status lists the device with its id (the request's
+/// Event names the devices of its status once the last one is gone:
+/// `request::cleanup`). A request the cache does not show, or not yet as being deleted,
+/// leaves the device its own.
 fn named_by_its_request(
     res: &ComposableResource,
     request: Option<&ComposabilityRequest>,
