@@ -205,6 +205,49 @@ fn help_reads_well() {
     assert!(!out.status.success());
 }
 
+/// The executable's relative relocations are packed (build.rs) when this machine's glibc
+/// loads them, and not otherwise: unpacked they are about 2 MB the loader reads at every
+/// start and keeps resident (docs/BENCHMARKS.md, "Packed relocations").
+#[test]
+fn the_executable_packs_its_relocations_where_glibc_loads_them() {
+    // SAFETY: glibc returns a pointer to a static NUL-terminated string.
+    let glibc = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let glibc = glibc.to_str().unwrap();
+    let mut parts = glibc.split('.').map(|p| p.parse::<u32>().unwrap());
+    let loads_relr = (parts.next().unwrap(), parts.next().unwrap()) >= (2, 36);
+    let forced = std::env::var("CRO_PACK_RELOCS").ok();
+    let expected = match forced.as_deref() {
+        Some("0") => false,
+        Some("1") => true,
+        _ => loads_relr,
+    };
+    let out = Command::new("readelf")
+        .args(["--dynamic", "--wide", env!("CARGO_BIN_EXE_cro")])
+        .output()
+        .expect("readelf (binutils) reads the executable's dynamic section");
+    assert!(out.status.success(), "{out:?}");
+    let dynamic = String::from_utf8(out.stdout).unwrap();
+    let entry = |tag: &str| {
+        dynamic
+            .lines()
+            .find(|l| l.contains(&format!("({tag})")))
+            .map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        entry("RELRSZ").is_some(),
+        expected,
+        "glibc {glibc}, CRO_PACK_RELOCS {forced:?}:\n{dynamic}"
+    );
+    if expected {
+        // What stays unpacked is the few relocations RELR cannot express.
+        let unpacked = entry("RELASZ").unwrap_or(0);
+        assert!(
+            unpacked < 64 * 1024,
+            "{unpacked} bytes of RELA left:\n{dynamic}"
+        );
+    }
+}
+
 /// Runs `cmd` in a process group of its own, reading its output as it comes (a full pipe
 /// would stall it), for at most `limit`: then the whole group is killed, a job it left
 /// in the background included. (exit status, or None when killed; stdout; stderr.)
