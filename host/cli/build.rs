@@ -5,7 +5,7 @@
 // its read-only data (vtables, static string tables): about 89,000 of them, 2.1 MB for
 // `cro`, read in full by the dynamic loader at every start and then resident for the
 // process's life. Packed (`-z pack-relative-relocs`) the same table is 23 KB, and the
-// operator idles about 5 MiB smaller (docs/BENCHMARKS.md, "Packed relocations") while
+// operator idles 2.5 to 5 MiB smaller (docs/BENCHMARKS.md, "Packed relocations") while
 // keeping address-space randomisation, which a non-PIE link would give up for the same
 // saving.
 //
