@@ -10,6 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # etcd for the tests. Only asked for when missing so a second run does nothing.
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
+# readelf: a cli test reads the `cro` executable's dynamic section (packed relocations).
+command -v readelf >/dev/null || need_apt+=(binutils)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v flock >/dev/null || need_apt+=(util-linux)
 command -v git >/dev/null || need_apt+=(git)
