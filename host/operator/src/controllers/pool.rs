@@ -62,6 +62,11 @@ async fn publish(
     registry: &Registry,
     recorded: &Recorded,
 ) -> Result<(), kube::Error> {
+    // Until every CdiProvider is read, a provider not read yet would look gone and its
+    // published slices would be withdrawn, to come back a round later.
+    if !registry.knows_all() {
+        return Ok(());
+    }
     let slices_api: Api<ResourceSlice> = Api::all(ctx.client.clone());
     let existing = slices_api
         .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))

@@ -52,6 +52,11 @@ async fn label_unrouted(
     let Some(resources) = ctx.caches.resources() else {
         return Ok(());
     };
+    // Until every CdiProvider is read, no node routes: nothing to label, and nothing to
+    // say is unroutable.
+    if !ctx.registry.knows_all() {
+        return Ok(());
+    }
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),

@@ -20,7 +20,7 @@ pub(crate) mod status;
 pub(crate) mod watch;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use cro_api::LABEL_PROVIDER;
@@ -122,6 +122,11 @@ pub(crate) struct Registry {
     tenure: TenureCell,
     /// Notified when a provider comes or goes (its Lease and work follow at once).
     changed: tokio::sync::Notify,
+    /// Whether every provider is known: set once the first complete list of
+    /// `CdiProvider` objects is in ([`Registry::all_known`]). Before that, routing with
+    /// the providers read so far could name the wrong one (a default provider taking a
+    /// node another one selects, a first provider listing every node as the only one).
+    complete: AtomicBool,
 }
 
 impl Registry {
@@ -140,6 +145,7 @@ impl Registry {
             },
             tenure: TenureCell::default(),
             changed: tokio::sync::Notify::new(),
+            complete: AtomicBool::new(false),
         })
     }
 
@@ -180,6 +186,7 @@ impl Registry {
             labels: Labels::NotNeeded,
             tenure,
             changed: tokio::sync::Notify::new(),
+            complete: AtomicBool::new(true),
         })
     }
 
@@ -237,6 +244,17 @@ impl Registry {
         removed
     }
 
+    /// Every provider is in the registry now (the watch read its first complete list):
+    /// calls are routed from here on.
+    pub(crate) fn all_known(&self) {
+        self.complete.store(true, Ordering::Release);
+    }
+
+    /// Whether every provider is known (always, for one implicit provider).
+    pub(crate) fn knows_all(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
+    }
+
     /// Resolves when a provider came or went since the last wait (one permit kept).
     pub(crate) async fn changed(&self) {
         self.changed.notified().await;
@@ -285,12 +303,15 @@ impl Registry {
 
     /// Whether provider `name` serves a node, the providers read once for every node
     /// asked: it is the only one, or routing names it (for a Node that is gone, by its
-    /// resources' provider label: its devices are still listed and released).
+    /// resources' provider label: its devices are still listed and released). None
+    /// while the providers are still being read: the first one read is not yet known to
+    /// be the only one.
     fn serving(&self, name: &str) -> impl Fn(&str) -> bool + '_ {
         let entries = self.route_entries();
         let name = name.to_owned();
+        let complete = self.knows_all();
         move |node| {
-            entries.len() == 1
+            (complete && entries.len() == 1)
                 || self
                     .route_held_among(&entries, node)
                     .is_ok_and(|n| n == name)
@@ -327,6 +348,11 @@ impl Registry {
 
     /// The name of the provider serving `node` among `entries`, by the node's labels.
     fn route_among(&self, entries: &[RouteEntry], node: &str) -> Result<String, RouteError> {
+        if !self.knows_all() {
+            return Err(RouteError::ProvidersUnread {
+                node: node.to_owned(),
+            });
+        }
         // One implicit provider serves every node, known or not.
         if let Labels::NotNeeded = self.labels
             && let [only] = entries
@@ -372,8 +398,8 @@ impl Registry {
             Call::Held => self.route_held_among(&entries, node),
         });
         let name = name.map_err(|e| match e {
-            // The cache may lag a new Node: a retry finds it.
-            RouteError::UnknownNode { .. } => {
+            // The cache may lag a new Node, the watch the providers: a retry finds them.
+            RouteError::UnknownNode { .. } | RouteError::ProvidersUnread { .. } => {
                 CallError::Provider(ProviderError::Unavailable(e.to_string()))
             }
             _ => CallError::Provider(ProviderError::Config(e.to_string())),
@@ -520,6 +546,12 @@ impl Registry {
     /// down does not stop the sync of the others; all failing is an error. Only the
     /// providers this replica holds are asked (another replica syncs the others).
     async fn list_all(&self, claims: &[Claim]) -> ProviderResult<Vec<DeviceInfo>> {
+        if !self.knows_all() {
+            return Err(CallError::Provider(ProviderError::Unavailable(
+                "the operator is still reading the CdiProvider objects: nothing is listed yet"
+                    .into(),
+            )));
+        }
         let mut all = Vec::new();
         let mut last_error = None;
         let mut answered = 0usize;
@@ -591,7 +623,76 @@ mod tests {
                 default: false,
             });
         }
+        registry.all_known();
         registry
+    }
+
+    /// Before the watch has read every CdiProvider, nothing is routed and no node is
+    /// listed: with only the default provider read, a node another provider selects
+    /// would go to it (an attach on the wrong fabric); with only the first provider
+    /// read, it would look like the only one and list every node.
+    #[tokio::test]
+    async fn nothing_is_routed_or_listed_before_every_provider_is_read() {
+        let registry = Registry::for_objects(NodeCache::default());
+        registry
+            .node_cache()
+            .expect("routes by node labels")
+            .serve_from(listed(vec![
+                object::<Node>(json!({"metadata": {"name": "a-1", "labels": {"pool": "a"}}})),
+                object::<Node>(json!({"metadata": {"name": "b-1", "labels": {"pool": "b"}}})),
+            ]));
+        registry.upsert(RouteEntry {
+            name: "fabric-a".into(),
+            selector: None,
+            default: true,
+        });
+        let resource = domain::ComposableResource {
+            name: "r1".into(),
+            device_type: domain::DeviceType::Gpu,
+            model: "A100".into(),
+            target_node: "b-1".into(),
+            device_id: Some("GPU-1".into()),
+            fabric_device_id: None,
+            machine_id: None,
+            force_detach: false,
+        };
+        assert!(matches!(
+            registry.route("b-1"),
+            Err(RouteError::ProvidersUnread { .. })
+        ));
+        // A call waits (unavailable: retried), it is not refused as misconfigured.
+        assert!(matches!(
+            registry.check(&resource).await,
+            Err(CallError::Provider(ProviderError::Unavailable(_)))
+        ));
+        assert!(!registry.scope_of("fabric-a").shows("a-1"));
+        assert!(!registry.scope_of("fabric-a").shows("b-1"));
+        assert!(matches!(
+            registry.list(&[]).await,
+            Err(CallError::Provider(ProviderError::Unavailable(_)))
+        ));
+
+        registry.upsert(RouteEntry {
+            name: "fabric-b".into(),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("pool".to_owned(), "b".to_owned())])),
+                match_expressions: None,
+            }),
+            default: false,
+        });
+        registry.all_known();
+        assert_eq!(registry.route("a-1"), Ok("fabric-a".to_owned()));
+        assert_eq!(registry.route("b-1"), Ok("fabric-b".to_owned()));
+        assert!(registry.scope_of("fabric-a").shows("a-1"));
+        assert!(!registry.scope_of("fabric-a").shows("b-1"));
+        // No component is loaded: the call now reaches fabric b's slot and waits there.
+        let Err(CallError::Provider(ProviderError::Unavailable(why))) =
+            registry.check(&resource).await
+        else {
+            panic!("fabric b has nothing loaded")
+        };
+        assert!(why.contains("fabric-b"), "{why}");
+        assert!(registry.list(&[]).await.is_ok_and(|d| d.is_empty()));
     }
 
     #[test]

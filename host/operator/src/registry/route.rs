@@ -36,6 +36,10 @@ pub(crate) enum RouteError {
     )]
     UnknownNode { node: String },
     #[error(
+        "no call for node {node} is routed yet: the operator is still reading the CdiProvider objects (one read so far may not be the one serving it)"
+    )]
+    ProvidersUnread { node: String },
+    #[error(
         "node {node} is now served by CdiProvider {serving}, but the resource is labelled with {labelled}: no device is attached to it through another provider's fabric (delete the resource; its request plans it again)"
     )]
     Relabelled {

@@ -2,7 +2,7 @@
 //! loaded, validated and swapped in (or refused, leaving the previous instance serving),
 //! and the object's status written (docs/providers.md, "Hot reload").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,6 +92,7 @@ pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: 
     let mut tick = tokio::time::interval(w.options.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut held = w.registry.tenure().announced();
+    let mut listing: Option<Vec<CdiProvider>> = None;
     loop {
         tokio::select! {
             // A provider newly held here: its status (and finalizer) are this replica's
@@ -105,11 +106,18 @@ pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: 
             event = events.next() => match event {
                 None => return,
                 Some(Err(e)) => tracing::debug!(error = %e, "CdiProvider watch interrupted"),
-                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    w.reconcile(o, false).await;
+                // A list of every object (the first, or a new one after the watch lost
+                // its place) is read whole before any of it is routed or loaded.
+                Some(Ok(watcher::Event::Init)) => listing = Some(Vec::new()),
+                Some(Ok(watcher::Event::InitApply(o))) => match listing.as_mut() {
+                    Some(read) => read.push(o),
+                    None => w.reconcile(o, false).await,
+                },
+                Some(Ok(watcher::Event::InitDone)) => {
+                    w.listed(listing.take().unwrap_or_default()).await;
                 }
+                Some(Ok(watcher::Event::Apply(o))) => w.reconcile(o, false).await,
                 Some(Ok(watcher::Event::Delete(o))) => w.forget(&o.name_any()),
-                Some(Ok(_)) => {}
             },
             _ = tick.tick() => {
                 let all: Vec<CdiProvider> = w.objects.values().cloned().collect();
@@ -121,7 +129,41 @@ pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: 
     }
 }
 
+/// Where `object` routes.
+fn route_entry(object: &CdiProvider) -> RouteEntry {
+    RouteEntry {
+        name: object.name_any(),
+        selector: object.spec.node_selector.clone(),
+        default: object.spec.default,
+    }
+}
+
+/// The providers `known` holds that a complete list, `listed`, no longer shows: deleted
+/// while the watch was away.
+fn gone_from<'a>(known: impl Iterator<Item = &'a String>, listed: &[CdiProvider]) -> Vec<String> {
+    let listed: HashSet<String> = listed.iter().map(ResourceExt::name_any).collect();
+    known.filter(|n| !listed.contains(*n)).cloned().collect()
+}
+
 impl Watcher {
+    /// A complete list of the objects: every provider's routing is set before any is
+    /// loaded, and only then are calls routed (a call routed by part of the list could
+    /// go to a default provider for a node another one selects, or take the first
+    /// provider read for the only one). Providers the list no longer shows are
+    /// forgotten.
+    async fn listed(&mut self, listed: Vec<CdiProvider>) {
+        for name in gone_from(self.objects.keys(), &listed) {
+            self.forget(&name);
+        }
+        for object in &listed {
+            self.registry.upsert(route_entry(object));
+        }
+        self.registry.all_known();
+        for object in listed {
+            self.reconcile(object, false).await;
+        }
+    }
+
     fn forget(&mut self, name: &str) {
         self.known.remove(name);
         self.objects.remove(name);
@@ -133,11 +175,7 @@ impl Watcher {
     async fn reconcile(&mut self, object: CdiProvider, resync: bool) {
         let name = object.name_any();
         self.objects.insert(name.clone(), object.clone());
-        let slot = self.registry.upsert(RouteEntry {
-            name: name.clone(),
-            selector: object.spec.node_selector.clone(),
-            default: object.spec.default,
-        });
+        let slot = self.registry.upsert(route_entry(&object));
         // Every replica loads every provider (any of them may take its Lease); only the
         // one holding it writes its status, finalizer and Events: its call counts are
         // the ones that mean something, and replicas would overwrite each other.
@@ -455,4 +493,35 @@ pub(crate) fn blocking_devices(
             serves.then(|| format!("{} ({device})", r.name_any()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_complete_list_forgets_the_providers_it_no_longer_shows() {
+        let provider = |name: &str| {
+            let mut p: CdiProvider = serde_json::from_value(serde_json::json!({
+                "apiVersion": "cro.hpsys.ibm.ie.com/v1alpha1", "kind": "CdiProvider",
+                "metadata": {"name": "x"},
+                "spec": {"source": {}, "grants": {}, "limits": {}},
+            }))
+            .expect("a CdiProvider");
+            p.metadata.name = Some(name.to_owned());
+            p
+        };
+        let known = [
+            "fabric-a".to_owned(),
+            "fabric-b".to_owned(),
+            "fabric-c".to_owned(),
+        ];
+        let listed = [provider("fabric-b"), provider("fabric-d")];
+        assert_eq!(
+            gone_from(known.iter(), &listed),
+            ["fabric-a".to_owned(), "fabric-c".to_owned()]
+        );
+        assert!(gone_from(known.iter(), &[]).len() == 3);
+        assert!(gone_from([].iter(), &listed).is_empty());
+    }
 }
