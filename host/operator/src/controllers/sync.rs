@@ -127,6 +127,11 @@ pub(crate) async fn sync_once(
     ctx: &Context,
     tracker: &mut OrphanTracker,
 ) -> Result<usize, ReconcileError> {
+    // Until every CdiProvider is read nothing is listed (crate::registry): no round,
+    // rather than a failed one.
+    if !ctx.registry.knows_all() {
+        return Ok(0);
+    }
     let api: Api<ComposableResource> = Api::all(ctx.client.clone());
     // The claims tell a 0.2.0 provider which devices the cluster holds (the watch cache
     // is enough for that). The resources are listed after the fabric answered, so a device attached meanwhile is
