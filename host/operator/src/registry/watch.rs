@@ -113,8 +113,12 @@ pub(crate) async fn run(registry: Arc<Registry>, client: kube::Client, options: 
                     Some(read) => read.push(o),
                     None => w.reconcile(o, false).await,
                 },
+                // Only a list that began is complete: an end without a beginning is no
+                // list, and would forget every provider.
                 Some(Ok(watcher::Event::InitDone)) => {
-                    w.listed(listing.take().unwrap_or_default()).await;
+                    if let Some(read) = listing.take() {
+                        w.listed(read).await;
+                    }
                 }
                 Some(Ok(watcher::Event::Apply(o))) => w.reconcile(o, false).await,
                 Some(Ok(watcher::Event::Delete(o))) => w.forget(&o.name_any()),
