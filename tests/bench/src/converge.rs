@@ -287,10 +287,13 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     progress(began, "operator started and idle");
 
     let bench = Bench::watching(&env, counts, began).await?;
+    let etcd = env.harness.pids().get(1).copied();
     let cpu_start = apiserver_cpu_seconds(&env.client).await;
+    let others_start = OtherCpu::now(etcd);
     let profile = profile_apiserver(&env.client, n);
     let (up, per_node) = up_phase(&env, &bench, n, m).await?;
     let cpu_up = apiserver_cpu_seconds(&env.client).await;
+    let others_up = OtherCpu::now(etcd);
     // (After the up phase's CPU is read: a profile longer than the phase idles on.)
     if let Some(profile) = profile {
         profile.await.ok();
@@ -298,6 +301,7 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
     env.sim.clear_requests();
     let down = down_phase(&env, &bench, n).await;
     let cpu_down = apiserver_cpu_seconds(&env.client).await;
+    let others_down = OtherCpu::now(etcd);
     let cpu_used = |a: &Result<f64>, b: &Result<f64>| match (a, b) {
         (Ok(a), Ok(b)) => Some(b - a),
         _ => None,
@@ -321,7 +325,7 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
         visible_after: limits.node_delay_s,
     });
 
-    Ok(json!({
+    let mut run = json!({
         "kind": "converge",
         "requests": n, "nodes": m, "devices": devices, "latency_ms": latency_ms,
         "devices_per_node_max": per_node,
@@ -343,7 +347,19 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
         "apiserver_cpu_up_s": cpu_used(&cpu_start, &cpu_up),
         "apiserver_cpu_down_s": cpu_used(&cpu_up, &cpu_down),
         "apiserver_cpu_error": cpu_start.and(cpu_up).and(cpu_down).err().map(|e| format!("{e:#}")),
-    }))
+    });
+    // Apart from the macro above, which would need a deeper recursion limit.
+    let cpu = json!({
+        "etcd_cpu_up_s": others_up.etcd_since(&others_start),
+        "etcd_cpu_down_s": others_down.etcd_since(&others_up),
+        "bench_cpu_up_s": others_up.own_since(&others_start),
+        "bench_cpu_down_s": others_down.own_since(&others_up),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
+    });
+    if let (Some(run), Some(cpu)) = (run.as_object_mut(), cpu.as_object()) {
+        run.extend(cpu.clone());
+    }
+    Ok(run)
 }
 
 /// The API server's own CPU time so far (user + system), from its metrics
@@ -357,6 +373,33 @@ async fn apiserver_cpu_seconds(client: &kube::Client) -> Result<f64> {
         .await
         .context("GET /metrics from the API server")?;
     process_cpu_seconds(&text).context("no process_cpu_seconds_total in the API server's metrics")
+}
+
+/// CPU seconds so far of etcd and of this process (the operator, the simulators, the
+/// node simulation and the benchmark's own watches), beside the API server's: on a
+/// machine they all share, the phase's CPU is the sum, and the control plane's part
+/// (API server and etcd) is a floor under the phase's time whatever the operator does.
+struct OtherCpu {
+    etcd: Option<f64>,
+    own: Option<f64>,
+}
+
+impl OtherCpu {
+    fn now(etcd: Option<u32>) -> OtherCpu {
+        let read = |r: Result<f64>| r.map_err(|e| eprintln!("CPU time not read: {e:#}")).ok();
+        OtherCpu {
+            etcd: etcd.and_then(|pid| read(crate::cpu::cpu_seconds_of(pid))),
+            own: read(crate::cpu::own_cpu_seconds()),
+        }
+    }
+
+    fn etcd_since(&self, start: &OtherCpu) -> Option<f64> {
+        Some(self.etcd? - start.etcd?)
+    }
+
+    fn own_since(&self, start: &OtherCpu) -> Option<f64> {
+        Some(self.own? - start.own?)
+    }
 }
 
 /// With `CRO_BENCH_APISERVER_PROFILE` set to a directory (and

@@ -29,6 +29,7 @@
 mod common;
 
 mod converge;
+mod cpu;
 mod cro_process;
 mod dra;
 mod gomodel;
