@@ -356,8 +356,8 @@ async fn run(n: usize, m: usize, latency_ms: u64) -> Result<serde_json::Value> {
         "bench_cpu_down_s": others_down.own_since(&others_up),
         "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
     });
-    if let (Some(run), Some(cpu)) = (run.as_object_mut(), cpu.as_object()) {
-        run.extend(cpu.clone());
+    if let (Some(run), serde_json::Value::Object(cpu)) = (run.as_object_mut(), cpu) {
+        run.extend(cpu);
     }
     Ok(run)
 }

@@ -361,6 +361,11 @@ fn control_plane_floor(r: &Value, phase: &str) -> Option<f64> {
     Some((api + etcd) / cores)
 }
 
+/// The control plane's floor as a multiple of the phase's physical limit.
+fn control_plane_floor_ratio(r: &Value, phase: &str) -> Option<f64> {
+    control_plane_floor(r, phase).map(|v| v / f(r, &format!("limit_{phase}_s")))
+}
+
 /// Where each phase's CPU went: the API server, etcd, and this process (the operator
 /// with the simulators and the node simulation), against what the machine had.
 fn cpu_table(o: &mut String, runs: &[&Value]) -> Result<()> {
@@ -402,7 +407,7 @@ fn cpu_table(o: &mut String, runs: &[&Value]) -> Result<()> {
                 seconds(cpu("etcd")),
                 seconds(cpu("bench")),
                 seconds(floor),
-                x(floor.map(|v| v / f(r, &format!("limit_{phase}_s")))),
+                x(control_plane_floor_ratio(r, phase)),
             )?;
         }
     }
@@ -911,9 +916,7 @@ fn goals(
                     .as_f64()
                     .map(|t| t / f(r, &format!("limit_{phase}_s")))
             });
-            let floor = at(n).and_then(|r| {
-                control_plane_floor(r, phase).map(|v| v / f(r, &format!("limit_{phase}_s")))
-            });
+            let floor = at(n).and_then(|r| control_plane_floor_ratio(r, phase));
             writeln!(
                 o,
                 "| convergence {what} at N = {n} within 1.5× of the physical limit | {}{} | {} |",
